@@ -1,0 +1,269 @@
+"""Plan and build: stage keys, cache hits, running stages into the cache, linking outputs.
+
+A stage's key is the hash of its config, its inputs' keys, its code version (hash of its module
+sources) and the versions of the libraries it calls, plus any `key_material` the stage adds
+(e.g. a local model's file fingerprints). Change any of these and the stage and every stage after
+it that reads it get new keys; nothing before it changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trtbuild.cache import ArtifactCache, Entry
+from trtbuild.errors import TrtbuildError, UserError
+from trtbuild.progress import Progress
+from trtbuild.stages import STAGE_ORDER, all_stages
+from trtbuild.stages.base import Artifact, Stage, StageConfig, StageContext
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass
+class PlannedStage:
+    name: str
+    stage: Stage | None
+    config: StageConfig | None
+    key: str | None = None
+    components: dict[str, Any] = field(default_factory=dict)
+    action: str = "skip"  # "run" | "cached" | "skip"
+    reason: str = ""
+    artifact: Path | None = None
+    seconds: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return {"run": "ran", "cached": "cached", "skip": "skipped"}[self.action]
+
+    def to_json(self, executed: bool) -> dict[str, Any]:
+        status = self.status if executed else {"run": "will-run", "cached": "cached", "skip": "skipped"}[self.action]
+        return {"name": self.name, "key": self.key, "status": status, "reason": self.reason,
+                "seconds": self.seconds, "artifact": str(self.artifact) if self.artifact else None,
+                "metrics": self.metrics}
+
+
+def code_version(stage: Stage) -> str:
+    """Hash of the stage module's source and of the helper modules it names (read, not imported)."""
+    digest = hashlib.sha256()
+    modules = (type(stage).__module__, "trtbuild.stages.base", *stage.code_modules)
+    for module in sorted(set(modules)):
+        for file in _module_files(module):
+            digest.update(str(file.relative_to(PACKAGE_DIR.parent)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _module_files(module: str) -> list[Path]:
+    parts = module.split(".")
+    if parts[0] != "trtbuild":
+        return []
+    base = PACKAGE_DIR.joinpath(*parts[1:])
+    if base.is_dir():
+        return sorted(base.rglob("*.py"))
+    file = base.with_suffix(".py")
+    return [file] if file.is_file() else []
+
+
+def library_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _hash(components: dict[str, Any]) -> str:
+    canonical = json.dumps(components, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+
+def plan(recipe: Any, cache: ArtifactCache, *, until: str | None = None,
+         force: tuple[str, ...] = ()) -> list[PlannedStage]:
+    """Decide for every stage: run, cached or skipped, and why. Touches nothing."""
+    for name in (*force, *([until] if until else [])):
+        if name not in STAGE_ORDER:
+            raise UserError(f"unknown stage '{name}'", field="--until/--force",
+                            fix=f"use one of {', '.join(STAGE_ORDER)}")
+    stages = {s.name: s for s in all_stages()}
+    cutoff = STAGE_ORDER.index(until) if until else len(STAGE_ORDER) - 1
+    planned: dict[str, PlannedStage] = {}
+    forced_downstream = False
+    for index, name in enumerate(STAGE_ORDER):
+        stage = stages.get(name)
+        config = recipe.stage_config(name) if stage else None
+        item = PlannedStage(name=name, stage=stage, config=config)
+        planned[name] = item
+        if stage is None or config is None:
+            item.reason = "not in the recipe"
+            continue
+        if index > cutoff:
+            item.reason = f"after --until {until}"
+            continue
+        inputs = {}
+        for dep in stage.depends_on:
+            upstream = planned.get(dep)
+            if upstream is None or upstream.key is None:
+                raise UserError(f"stage '{name}' needs the '{dep}' stage", field=dep,
+                                fix=f"add a `{dep}:` section to the recipe")
+            inputs[dep] = upstream.key
+        for dep in getattr(stage, "optional_inputs", ()):
+            upstream = planned.get(dep)
+            if upstream is not None and upstream.key is not None:
+                inputs[dep] = upstream.key
+        item.components = {
+            "stage": name,
+            "config": config.model_dump(mode="json"),
+            "inputs": inputs,
+            "code": code_version(stage),
+            "libraries": library_versions(stage.libraries),
+            "key_material": stage.key_material(config, recipe),
+        }
+        item.key = _hash(item.components)
+        upstream_runs = [d for d in inputs if planned[d].action == "run"]
+        entry = cache.lookup(name, item.key)
+        if name in force or (forced_downstream and upstream_runs):
+            item.action, item.reason = "run", ("--force" if name in force else "an input is rebuilt")
+            forced_downstream = True
+        elif entry is not None:
+            item.action, item.reason, item.artifact = "cached", "key found in the cache", entry.path
+            manifest = entry.manifest()
+            item.metrics = manifest.get("metrics", {})
+            item.seconds = manifest.get("seconds")
+        else:
+            item.action = "run"
+            item.reason = _why_not_cached(recipe, item)
+    return [planned[n] for n in STAGE_ORDER]
+
+
+def _why_not_cached(recipe: Any, item: PlannedStage) -> str:
+    """Explain a miss by diffing against what this recipe's output dir built last time."""
+    previous_link = recipe.output_path / item.name
+    manifest_file = previous_link / "manifest.json"
+    if not manifest_file.is_file():
+        return "not built before for this recipe"
+    try:
+        previous = json.loads(manifest_file.read_text()).get("key_components", {})
+    except (OSError, json.JSONDecodeError):
+        return "previous build unreadable"
+    changes = _diff(previous, item.components)
+    return "changed: " + "; ".join(changes[:3]) + (" ..." if len(changes) > 3 else "") if changes \
+        else "cache entry was removed"
+
+
+def _diff(old: Any, new: Any, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in old:
+                out.append(f"{sub} added")
+            elif key not in new:
+                out.append(f"{sub} removed")
+            else:
+                out.extend(_diff(old[key], new[key], sub))
+        return out
+    if old != new:
+        label = {"code": "stage code", "inputs": "inputs"}.get(path, path)
+        if isinstance(old, str | int | float | bool | type(None)) and len(str(old)) < 40:
+            return [f"{label} {old!r} -> {new!r}"]
+        return [f"{label} changed"]
+    return []
+
+
+def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str | None = None,
+          force: tuple[str, ...] = ()) -> list[PlannedStage]:
+    steps = plan(recipe, cache, until=until, force=force)
+    artifacts: dict[str, Artifact] = {}
+    for item in steps:
+        if item.action == "skip":
+            continue
+        assert item.stage is not None and item.key is not None and item.config is not None
+        if item.action == "cached":
+            assert item.artifact is not None
+            progress.log(f"[green]cached[/] {item.name} {item.key[:12]}")
+        else:
+            progress.log(f"[bold]run[/] {item.name} ({item.reason})")
+            item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
+        artifacts[item.name] = Artifact(item.name, item.key, item.artifact)
+        _link_output(recipe.output_path, item.name, item.artifact)
+    _write_build_report(recipe, steps)
+    return steps
+
+
+def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts: dict[str, Artifact],
+               progress: Progress) -> Entry:
+    assert item.stage is not None and item.key is not None and item.config is not None
+    with cache.lock(item.name, item.key):
+        existing = cache.lookup(item.name, item.key)
+        if existing is not None and item.reason != "--force" and item.reason != "an input is rebuilt":
+            item.action, item.metrics = "cached", existing.manifest().get("metrics", {})
+            return existing  # another process built it while we waited
+        workdir = cache.new_workdir(item.name, item.key)
+        inputs = {d: artifacts[d] for d in item.components["inputs"]}
+        ctx = StageContext(recipe=recipe, inputs=inputs, out_dir=workdir, progress=progress)
+        started = time.perf_counter()
+        try:
+            result = item.stage.run(item.config, ctx)
+        except BaseException:
+            cache.discard(workdir)  # a failed stage leaves nothing behind
+            raise
+        item.seconds = round(time.perf_counter() - started, 3)
+        item.metrics = result.metrics
+        manifest = {
+            "stage": item.name,
+            "key": item.key,
+            "recipe": {"name": recipe.name, "file": str(recipe.recipe_file)},
+            "key_components": item.components,
+            "inputs": {d: {"key": a.key, "path": str(a.path)} for d, a in inputs.items()},
+            "seconds": item.seconds,
+            "metrics": result.metrics,
+            "info": result.info,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": {"python": sys.version.split()[0], "platform": platform.platform()},
+        }
+        try:
+            return cache.commit(workdir, item.name, item.key, manifest)
+        except BaseException:
+            cache.discard(workdir)
+            raise
+
+
+def _link_output(output_dir: Path, name: str, target: Path) -> None:
+    """output_dir/<stage> -> the cache entry; replaced atomically so readers never see it missing."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    link = output_dir / name
+    if link.exists() and not link.is_symlink():
+        raise UserError(f"{link} exists and is not a link made by trtbuild", field="output_dir",
+                        fix="move it away or choose another output_dir")
+    tmp = output_dir / f".{name}.link-{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, link)
+
+
+def report(recipe: Any, steps: list[PlannedStage], executed: bool) -> dict[str, Any]:
+    return {"recipe": str(recipe.recipe_file), "name": recipe.name, "output_dir": str(recipe.output_path),
+            "stages": [s.to_json(executed) for s in steps]}
+
+
+def _write_build_report(recipe: Any, steps: list[PlannedStage]) -> None:
+    out = recipe.output_path / "build.json"
+    tmp = out.with_name(f".build.json.{os.getpid()}")
+    tmp.write_text(json.dumps(report(recipe, steps, executed=True), indent=2, default=str))
+    os.replace(tmp, out)
+
+
+__all__ = ["PlannedStage", "TrtbuildError", "build", "code_version", "plan", "report"]

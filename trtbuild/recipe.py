@@ -1,0 +1,295 @@
+"""Recipes: YAML files validated by a schema composed of every stage's config.
+
+Features: `extends:` (a path or a list, relative to the file that names it; later wins, maps merge
+deeply, lists are replaced), `--set a.b=c` overrides (values parsed as YAML), `${env:NAME}` and
+`${env:NAME:-default}` interpolation in strings. Relative paths inside a recipe are resolved
+against the directory of the top-level recipe file (`Recipe.resolve_path`).
+Every error is a one-line `UserError` naming the file, line and field, and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
+
+from trtbuild.errors import UserError
+from trtbuild.yaml_positions import KeyPath, Position, load_yaml_with_positions
+
+KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+_ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+class RecipeBase(BaseModel):
+    """Top-level fields; the stage sections are added by `recipe_model()`."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str = Field(description="Name of the recipe; used in the manifest and the default output dir.")
+    description: str = Field(default="", description="Free text shown by `trtbuild plan`.")
+    output_dir: str | None = Field(
+        default=None,
+        description="Where the final outputs are linked (relative to the recipe file). "
+        "Default: build/<name> next to the recipe's directory.",
+    )
+    gpu_archs: list[str] = Field(
+        default_factory=lambda: ["sm_90a", "sm_100a"],
+        description="GPU architectures the deployment targets (kernels are compiled for each).",
+    )
+
+    @field_validator("gpu_archs")
+    @classmethod
+    def _known_archs(cls, archs: list[str]) -> list[str]:
+        unknown = [a for a in archs if a not in KNOWN_ARCHS]
+        if unknown:
+            raise ValueError(f"unknown GPU arch {unknown[0]!r}; known: {', '.join(KNOWN_ARCHS)}")
+        return archs
+
+    _recipe_file: Path = PrivateAttr(default=Path("recipe.yaml"))
+    _positions: dict[KeyPath, Position] = PrivateAttr(default_factory=dict)
+
+    @property
+    def recipe_file(self) -> Path:
+        return self._recipe_file
+
+    @property
+    def base_dir(self) -> Path:
+        return self._recipe_file.parent
+
+    def resolve_path(self, value: str | os.PathLike[str]) -> Path:
+        path = Path(os.path.expanduser(str(value)))
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    @property
+    def output_path(self) -> Path:
+        if self.output_dir:
+            return self.resolve_path(self.output_dir)
+        return (self.base_dir.parent / "build" / self.name).resolve()
+
+    def position_of(self, path: KeyPath) -> Position | None:
+        return _closest_position(self._positions, path)
+
+    def stage_config(self, name: str) -> Any:
+        return getattr(self, name, None)
+
+
+@cache
+def recipe_model() -> type[RecipeBase]:
+    """The Recipe schema: top-level fields + one optional section per stage, + extra sections."""
+    from trtbuild.stages import all_stages, extra_sections
+
+    fields: dict[str, Any] = {}
+    for stage in all_stages():
+        fields[stage.name] = (stage.config_cls | None, Field(default=None, description=stage.__doc__))
+    for name, (cls, doc) in extra_sections().items():
+        fields[name] = (cls | None, Field(default=None, description=doc))
+    return create_model("Recipe", __base__=RecipeBase, **fields)
+
+
+def load_recipe(path: str | os.PathLike[str], overrides: list[str] | None = None) -> RecipeBase:
+    """Load, merge `extends`, apply `--set` overrides, interpolate env vars, validate."""
+    recipe_path = Path(path)
+    display = str(path)
+    data, positions = _load_with_extends(recipe_path, display, chain=())
+    for override in overrides or []:
+        _apply_override(data, positions, override)
+    data = _interpolate(data, (), positions)
+    model = recipe_model()
+    try:
+        recipe = model.model_validate(data)
+    except ValidationError as exc:
+        raise _to_user_error(exc, positions, model, display) from None
+    recipe._recipe_file = recipe_path.resolve()
+    recipe._positions = positions
+    return recipe
+
+
+def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tuple[dict, dict]:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(p.name for p in (*chain, resolved))
+        raise UserError(f"`extends` cycle: {cycle}", file=display, field="extends",
+                        fix="remove one of the extends links")
+    data, positions = load_yaml_with_positions(path, display)
+    if data is None:
+        raise UserError("the recipe is empty", file=display,
+                        fix="write at least `name:` and a `model:` section")
+    if not isinstance(data, dict):
+        raise UserError(f"a recipe must be a YAML mapping, got a {type(data).__name__}", file=display,
+                        line=1, fix="write `key: value` lines at the top level")
+    parents = data.pop("extends", None)
+    if parents is None:
+        return data, positions
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        raise UserError("`extends` must be a path or a list of paths", file=display,
+                        line=positions[("extends",)].line, field="extends", fix="e.g. `extends: base.yaml`")
+    merged: dict = {}
+    merged_pos: dict[KeyPath, Position] = {}
+    for i, parent in enumerate(parents):
+        parent_path = path.parent / parent
+        line = positions.get(("extends", i), positions[("extends",)]).line
+        if not parent_path.is_file():
+            raise UserError(f"extended recipe '{parent}' not found (looked in {parent_path.parent})",
+                            file=display, line=line, field="extends",
+                            fix="give a path relative to this file")
+        parent_display = os.path.relpath(parent_path) if not Path(parent).is_absolute() else parent
+        pdata, ppos = _load_with_extends(parent_path, parent_display, (*chain, resolved))
+        _deep_merge(merged, merged_pos, pdata, ppos, ())
+    _deep_merge(merged, merged_pos, data, {k: v for k, v in positions.items() if k[:1] != ("extends",)}, ())
+    return merged, merged_pos
+
+
+def _deep_merge(base: dict, base_pos: dict, top: dict, top_pos: dict, prefix: KeyPath) -> None:
+    for key, value in top.items():
+        path = (*prefix, key)
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], base_pos, value, top_pos, path)
+            if path in top_pos:
+                base_pos[path] = top_pos[path]
+            continue
+        base[key] = value
+        for k in [k for k in base_pos if k[: len(path)] == path]:
+            del base_pos[k]
+        for k, v in top_pos.items():
+            if k[: len(path)] == path:
+                base_pos[k] = v
+
+
+def _apply_override(data: dict, positions: dict, override: str) -> None:
+    import yaml
+
+    where = f"--set {override}"
+    if "=" not in override:
+        raise UserError("expected KEY=VALUE", file=where, fix="e.g. --set quantize.gate.max_perplexity_ratio=1.05")
+    dotted, raw = override.split("=", 1)
+    parts = dotted.strip().split(".")
+    if not all(parts) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
+        raise UserError(f"'{dotted}' is not a dotted key path", file=where,
+                        fix="use names joined by dots, e.g. draft.max_draft_len=4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            prefix = ".".join(parts[: i + 1])
+            raise UserError(f"'{prefix}' is a {type(child).__name__}, not a section, so '{dotted}' cannot be set",
+                            file=where, field=dotted, fix=f"set {prefix} itself")
+        node = child
+    node[parts[-1]] = value
+    path = tuple(parts)
+    for k in [k for k in positions if k[: len(path)] == path]:
+        del positions[k]
+    positions[path] = Position(where, None)
+
+
+def _interpolate(value: Any, path: KeyPath, positions: dict) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, (*path, k), positions) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, (*path, i), positions) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        pos = _closest_position(positions, path)
+        raise UserError(f"environment variable {name} is not set", file=pos.file if pos else None,
+                        line=pos.line if pos else None, field=_dotted(path),
+                        fix=f"export {name}=... or write ${{env:{name}:-default}}")
+
+    result = _ENV_PATTERN.sub(replace, value)
+    if "${" in result:
+        pos = _closest_position(positions, path)
+        raise UserError(f"unsupported interpolation in '{value}'", file=pos.file if pos else None,
+                        line=pos.line if pos else None, field=_dotted(path),
+                        fix="use ${env:NAME} or ${env:NAME:-default}")
+    return result
+
+
+def _closest_position(positions: dict[KeyPath, Position], path: KeyPath) -> Position | None:
+    for n in range(len(path), -1, -1):
+        if path[:n] in positions:
+            return positions[path[:n]]
+    return None
+
+
+def _dotted(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _to_user_error(exc: ValidationError, positions: dict, model: type[BaseModel], display: str) -> UserError:
+    err = exc.errors()[0]
+    # Drop pydantic's union/tagged-union markers from the location.
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    pos = _closest_position(positions, loc) or Position(display, None)
+    kind = err["type"]
+    field = _dotted(loc) or None
+    given = err.get("input")
+    if kind == "extra_forbidden":
+        known = _fields_at(model, loc[:-1])
+        guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean '{guess[0]}'?" if guess else f"known keys: {', '.join(sorted(known)) or 'none'}"
+        return UserError(f"unknown key '{loc[-1]}'", file=pos.file, line=pos.line, field=field,
+                         fix=f"remove it; {hint}")
+    if kind == "missing":
+        return UserError("required field is missing", file=pos.file, line=pos.line, field=field,
+                         fix=f"add `{loc[-1]}:` to the section")
+    message = err["msg"]
+    if given is not None and not isinstance(given, dict | list):
+        message += f" (got {given!r})"
+    fix = _fix_for(kind, err)
+    return UserError(message, file=pos.file, line=pos.line, field=field, fix=fix)
+
+
+def _fix_for(kind: str, err: dict) -> str:
+    if kind == "literal_error":
+        return f"use {err.get('ctx', {}).get('expected', 'one of the allowed values')}"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"give a value of the right type ({kind.replace('_parsing', '').replace('_type', '')})"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return "give a value within the allowed range"
+    if kind == "value_error":
+        return "see the message"
+    return "see `trtbuild validate --help` and docs/recipe-reference.md"
+
+
+def _fields_at(model: type[BaseModel], loc: KeyPath) -> list[str]:
+    current: Any = model
+    for part in loc:
+        cls = _model_class(current)
+        if cls is None or not isinstance(part, str) or part not in cls.model_fields:
+            if cls is not None and isinstance(part, int):
+                continue
+            return []
+        current = cls.model_fields[part].annotation
+    cls = _model_class(current)
+    return list(cls.model_fields) if cls else []
+
+
+def _model_class(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation) if get_origin(annotation) is not None else ():
+        found = _model_class(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,39 @@
+"""The stages, in pipeline order. Adding a stage = a module here + one line in `all_stages`."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from trtbuild.stages.base import Stage
+
+STAGE_ORDER = ("model", "quantize", "draft", "engine", "deploy")
+
+
+@cache
+def all_stages() -> tuple[Stage, ...]:
+    from trtbuild.stages.model import ModelStage
+
+    stages: list[Stage] = [ModelStage()]
+    return tuple(sorted(stages, key=lambda s: STAGE_ORDER.index(s.name)))
+
+
+def get_stage(name: str) -> Stage:
+    for stage in all_stages():
+        if stage.name == name:
+            return stage
+    raise KeyError(name)
+
+
+@cache
+def extra_sections() -> dict[str, tuple[type, str]]:
+    """Recipe sections that are not stages (name -> (config class, description))."""
+    return {}
+
+
+def stage_names() -> list[str]:
+    return [s.name for s in all_stages()]
+
+
+def describe(stage: Stage) -> dict[str, Any]:
+    return {"name": stage.name, "depends_on": list(stage.depends_on)}

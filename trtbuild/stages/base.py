@@ -1,0 +1,83 @@
+"""What every stage is: a typed config, the stages it reads, and a `run` that fills a directory.
+
+The pipeline (trtbuild/pipeline.py) owns keys, the cache, manifests and output links; a stage
+only reads its inputs' artifact directories and writes files into `ctx.out_dir`.
+Stage modules must import heavy libraries (torch, transformers, modelopt) inside `run`, never at
+module level: `trtbuild plan` and a fully cached build must not pay for them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from trtbuild.progress import Progress
+
+
+class StageConfig(BaseModel):
+    """Base of every stage's recipe section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A finished stage output in the cache."""
+
+    stage: str
+    key: str
+    path: Path
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return json.loads((self.path / "manifest.json").read_text())
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.manifest.get("metrics", {})
+
+
+@dataclass
+class StageContext:
+    """What `run` gets: the whole recipe (for cross-stage reads), finished inputs, a fresh dir."""
+
+    recipe: Any  # trtbuild.recipe.Recipe (not imported here to avoid a cycle)
+    inputs: dict[str, Artifact]  # stage name -> artifact, for each stage in `depends_on` that ran
+    out_dir: Path  # empty temp dir; renamed into the cache only if run() returns
+    progress: Progress = field(default_factory=Progress)
+
+    def input(self, stage: str) -> Artifact:
+        return self.inputs[stage]
+
+
+@dataclass
+class StageResult:
+    """Metrics go into the manifest and the `--json` output; `info` into the manifest only."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Stage:
+    """Subclass per stage. Class attributes describe it; `run` does the work."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type[StageConfig]]
+    # Earlier stages whose artifacts this one reads (their keys are part of this stage's key).
+    depends_on: ClassVar[tuple[str, ...]] = ()
+    # Python distributions whose installed versions are part of the key.
+    libraries: ClassVar[tuple[str, ...]] = ()
+    # Modules (dotted names) whose source is part of the stage's code version, besides the
+    # stage's own module. List the helpers whose changes change the artifact.
+    code_modules: ClassVar[tuple[str, ...]] = ()
+
+    def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
+        """Extra facts outside the config that change the artifact (e.g. a local model's files)."""
+        return {}
+
+    def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
+        raise NotImplementedError

@@ -1,0 +1,180 @@
+"""model stage: resolve the target model to a local Hugging Face directory.
+
+Sources: `tiny` (the embedded default, trained here on the pydoc corpus), `path` (a local HF
+directory, linked, not copied) and `hub` (a repo id resolved from the local HF cache; downloads
+only when `allow_download` is true). Only safetensors weights are accepted, and remote code is
+refused unless the recipe turns `trust_remote_code` on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from trtbuild.errors import UserError
+from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
+from trtbuild.tiny import TinyModelConfig
+
+_HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+
+
+class ModelConfig(StageConfig):
+    source: Literal["tiny", "path", "hub"] = Field(
+        default="tiny", description="Where the target comes from: the embedded tiny Llama, a local HF "
+        "directory, or a Hugging Face repo id in the local HF cache.")
+    path: str | None = Field(default=None, description="source: path: the HF model directory.")
+    repo_id: str | None = Field(default=None, description="source: hub: e.g. meta-llama/Llama-3.1-8B-Instruct.")
+    revision: str = Field(default="main", description="source: hub: branch, tag or commit.")
+    allow_download: bool = Field(default=False, description="source: hub: fetch from the Hub when the "
+                                 "local cache lacks it (off: builds never touch the network).")
+    trust_remote_code: bool = Field(default=False, description="Allow models whose config.json asks for "
+                                    "custom code (auto_map). Off by default.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig,
+                                  description="source: tiny: architecture and training of the embedded target.")
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelConfig:
+        if self.source == "path" and not self.path:
+            raise ValueError("source: path needs `path:` (a local Hugging Face model directory)")
+        if self.source == "hub" and not self.repo_id:
+            raise ValueError("source: hub needs `repo_id:` (e.g. meta-llama/Llama-3.1-8B-Instruct)")
+        return self
+
+
+def hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return home / "hub"
+
+
+def _hub_snapshot_commit(repo_id: str, revision: str) -> str | None:
+    """The commit the local HF cache resolves `revision` to, read without importing huggingface_hub."""
+    repo_dir = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    ref = repo_dir / "refs" / revision
+    if ref.is_file():
+        return ref.read_text().strip()
+    if (repo_dir / "snapshots" / revision).is_dir():
+        return revision
+    return None
+
+
+def _fingerprint(directory: Path) -> list[list[Any]]:
+    """Cheap identity of a local model: names, sizes and mtimes (hashing 16 GB per plan is too slow)."""
+    rows = []
+    for file in sorted(directory.rglob("*")):
+        if file.is_file():
+            st = file.stat()
+            rows.append([str(file.relative_to(directory)), st.st_size, st.st_mtime_ns])
+    return rows
+
+
+def check_hf_directory(directory: Path, config: ModelConfig, where: str) -> dict[str, Any]:
+    """Refuse what we cannot or must not load; return config.json."""
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise UserError(f"{directory} has no config.json", field=where,
+                        fix="point at a Hugging Face model directory")
+    hf_config = json.loads(config_file.read_text())
+    weights = list(directory.glob("*.safetensors"))
+    if not weights:
+        others = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt")]
+        detail = f" (found {', '.join(sorted(others)[:3])})" if others else ""
+        raise UserError(f"{directory} has no *.safetensors weights{detail}; only safetensors are loaded",
+                        field=where, fix="convert the checkpoint to safetensors")
+    if hf_config.get("auto_map") and not config.trust_remote_code:
+        raise UserError(f"{directory} needs custom code (config.json auto_map) and trust_remote_code is off",
+                        field="model.trust_remote_code",
+                        fix="review the code, then set model.trust_remote_code: true")
+    return hf_config
+
+
+class ModelStage(Stage):
+    """Resolve the target model: the embedded tiny Llama, a local HF directory, or the offline HF cache."""
+
+    name = "model"
+    config_cls = ModelConfig
+    libraries = ("torch", "transformers", "tokenizers", "safetensors")
+    code_modules = ("trtbuild.tiny", "trtbuild.data.pydoc_corpus")
+
+    def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
+        assert isinstance(config, ModelConfig)
+        if config.source == "path":
+            directory = recipe.resolve_path(config.path)
+            if not directory.is_dir():
+                pos = recipe.position_of(("model", "path"))
+                raise UserError(f"directory not found: {directory}", file=pos.file if pos else None,
+                                line=pos.line if pos else None, field="model.path",
+                                fix="give an existing Hugging Face model directory")
+            return {"path": str(directory), "files": _fingerprint(directory)}
+        if config.source == "hub":
+            return {"commit": _hub_snapshot_commit(config.repo_id or "", config.revision)}
+        return {}
+
+    def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
+        """Cheap checks of the source before any work (files present, cache populated)."""
+        assert isinstance(config, ModelConfig)
+        if config.source == "path":
+            directory = recipe.resolve_path(config.path)
+            if not directory.is_dir():
+                return [f"model.path: directory not found: {directory} (fix: give an existing HF model directory)"]
+            try:
+                check_hf_directory(directory, config, "model.path")
+            except UserError as exc:
+                return [exc.one_line()]
+        if config.source == "hub" and not config.allow_download:
+            if _hub_snapshot_commit(config.repo_id or "", config.revision) is None:
+                return [f"model.repo_id: '{config.repo_id}' ({config.revision}) is not in the local HF cache "
+                        f"{hf_cache_dir()} (fix: `hf download {config.repo_id}` on a connected machine, "
+                        "or set model.allow_download: true)"]
+        return []
+
+    def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
+        assert isinstance(config, ModelConfig)
+        hf_dir = ctx.out_dir / "hf"
+        if config.source == "tiny":
+            from trtbuild.tiny import build_tiny_model
+
+            metrics = build_tiny_model(config.tiny, hf_dir, ctx.progress)
+            return StageResult(metrics=metrics, info={"source": "tiny"})
+        if config.source == "path":
+            source_dir = ctx.recipe.resolve_path(config.path)
+            where = "model.path"
+        else:
+            source_dir = self._resolve_hub(config)
+            where = "model.repo_id"
+        hf_config = check_hf_directory(source_dir, config, where)
+        hf_dir.symlink_to(source_dir.resolve(), target_is_directory=True)
+        return StageResult(metrics=_shape_metrics(hf_config, source_dir),
+                           info={"source": config.source, "resolved": str(source_dir.resolve())})
+
+    def _resolve_hub(self, config: ModelConfig) -> Path:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(snapshot_download(config.repo_id, revision=config.revision,
+                                          local_files_only=not config.allow_download,
+                                          allow_patterns=_HUB_PATTERNS))
+        except LocalEntryNotFoundError as exc:
+            raise UserError(f"'{config.repo_id}' ({config.revision}) is not in the local HF cache "
+                            f"({hf_cache_dir()})", field="model.repo_id",
+                            fix=f"run `hf download {config.repo_id}` on a connected machine, "
+                            "or set model.allow_download: true") from exc
+
+
+def _shape_metrics(hf_config: dict[str, Any], directory: Path) -> dict[str, Any]:
+    from trtbuild.safetensors_header import count_parameters
+
+    text = hf_config.get("text_config", hf_config)
+    return {
+        "architecture": (hf_config.get("architectures") or ["?"])[0],
+        "num_hidden_layers": text.get("num_hidden_layers"),
+        "hidden_size": text.get("hidden_size"),
+        "vocab_size": text.get("vocab_size"),
+        "parameters": count_parameters(directory),
+    }
