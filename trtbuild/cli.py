@@ -138,6 +138,21 @@ for _stage in ("model", "quantize", "draft", "engine", "deploy"):
     _until_command(_stage)
 
 
+@cli.command()
+@click.option("--markdown", is_flag=True, help="The recipe reference as Markdown (docs/recipe-reference.md).")
+def schema(markdown: bool) -> None:
+    """Print the recipe schema (JSON Schema, or the Markdown reference)."""
+    from trtbuild.recipe import recipe_model
+
+    model = recipe_model()
+    if markdown:
+        from trtbuild.reference_doc import render
+
+        click.echo(render(model), nl=False)
+    else:
+        _print_json(model.model_json_schema())
+
+
 @cli.group()
 def cache() -> None:
     """Inspect or prune the artifact cache (TRTBUILD_CACHE or ~/.cache/trtbuild)."""

@@ -63,6 +63,8 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath,
                 raise UserError(f"key '{key}' appears twice", file=display,
                                 line=key_node.start_mark.line + 1, fix="keep one of them")
             result[key] = _convert(loader, value_node, (*path, key), positions, display)
+            # Point at the key's line, not the value's (a nested mapping starts on the next line).
+            positions[(*path, key)] = Position(display, key_node.start_mark.line + 1)
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_convert(loader, item, (*path, i), positions, display) for i, item in enumerate(node.value)]

@@ -12,9 +12,13 @@ STAGE_ORDER = ("model", "quantize", "draft", "engine", "deploy")
 
 @cache
 def all_stages() -> tuple[Stage, ...]:
+    from trtbuild.stages.deploy import DeployStage
+    from trtbuild.stages.draft import DraftStage
+    from trtbuild.stages.engine import EngineStage
     from trtbuild.stages.model import ModelStage
+    from trtbuild.stages.quantize import QuantizeStage
 
-    stages: list[Stage] = [ModelStage()]
+    stages: list[Stage] = [ModelStage(), QuantizeStage(), DraftStage(), EngineStage(), DeployStage()]
     return tuple(sorted(stages, key=lambda s: STAGE_ORDER.index(s.name)))
 
 
