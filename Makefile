@@ -4,9 +4,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 RECIPE ?= recipes/tiny-cpu.yaml
 STAMP := $(VENV)/.installed
+# CI: every recipe except the shared bases (base-*.yaml name no model; their children are checked).
+RECIPES ?= $(filter-out recipes/base-%,$(sort $(wildcard recipes/*.yaml)))
+# One JSON report per recipe and target, for CI artifacts: $(REPORTS)/<target>/<recipe>.json.
+REPORTS ?= build/reports
+# `make plan` plans every recipe, or only RECIPE when it is given (command line or environment).
+PLAN_RECIPES = $(if $(filter command line environment,$(origin RECIPE)),$(RECIPE),$(RECIPES))
+BENCH_ARGS ?=
 
-.PHONY: demo test test-fast lint validate plan build clean-venv
+.PHONY: demo test test-fast lint validate plan build deploy bench clean-venv
 
+ifdef SYSTEM_PYTHON
+# GPU hosts: use the Python that has TensorRT-LLM and CUDA torch (e.g. the TensorRT-LLM container's),
+# with trtbuild installed into it by `pip install -e .`; the .venv pins the CPU build of torch.
+#   make build SYSTEM_PYTHON=1 RECIPE=recipes/llama-3.1-8b-instruct-fp8-eagle3.yaml
+BIN := $(patsubst %/,%,$(dir $(shell command -v trtbuild)))
+STAMP :=
+else
 # Create the environment once; reinstall when the requirements change.
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -14,6 +28,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -m pip install -q -c constraints.txt -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	@touch $(STAMP)
+endif
 
 demo: $(STAMP)
 	$(BIN)/trtbuild plan $(RECIPE)
@@ -28,14 +43,29 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check trtbuild tests bench scripts plugins
 
+# Exit status: make exits non-zero when any recipe fails; trtbuild itself exits 2 on a bad recipe
+# (one line naming file, line, field and fix) and 1 on a failed check (accuracy gate, compatibility).
 validate: $(STAMP)
-	@for r in recipes/*.yaml; do $(BIN)/trtbuild validate $$r || exit 1; done
+	@fail=0; for r in $(RECIPES); do $(BIN)/trtbuild validate $$r || fail=1; done; exit $$fail
 
+# The plan of each recipe as a table (GPU recipes without their weights also say what would run on
+# a GPU host) and as JSON in $(REPORTS)/plan/.
 plan: $(STAMP)
-	$(BIN)/trtbuild plan $(RECIPE)
+	@mkdir -p $(REPORTS)/plan; fail=0; for r in $(PLAN_RECIPES); do \
+	  out=$(REPORTS)/plan/$$(basename $$r .yaml).json; \
+	  if $(BIN)/trtbuild plan $$r --json > $$out; then $(BIN)/trtbuild plan $$r; \
+	  else fail=1; rm -f $$out; fi; \
+	done; exit $$fail
 
-build: $(STAMP)
-	$(BIN)/trtbuild build $(RECIPE) --json
+# build / deploy / bench: RECIPE (default the tiny CPU recipe); the JSON goes to stdout and the report.
+build deploy: $(STAMP)
+	@mkdir -p $(REPORTS)/$@; out=$(REPORTS)/$@/$$(basename $(RECIPE) .yaml).json; \
+	$(BIN)/trtbuild $@ $(RECIPE) --json > $$out; rc=$$?; cat $$out; [ -s $$out ] || rm -f $$out; exit $$rc
+
+bench: $(STAMP)
+	@mkdir -p $(REPORTS)/bench; out=$(REPORTS)/bench/$$(basename $(RECIPE) .yaml).json; \
+	$(BIN)/trtbuild bench $(RECIPE) --json $(BENCH_ARGS) > $$out; rc=$$?; cat $$out; \
+	[ -s $$out ] || rm -f $$out; exit $$rc
 
 clean-venv:
 	rm -rf $(VENV)

@@ -32,7 +32,9 @@ def get_stage(name: str) -> Stage:
 @cache
 def extra_sections() -> dict[str, tuple[type, str]]:
     """Recipe sections that are not stages (name -> (config class, description))."""
-    return {}
+    from trtbuild.runtime.bench import BenchConfig
+
+    return {"bench": (BenchConfig, "`trtbuild bench`: plain vs speculative decoding on the same prompts.")}
 
 
 def stage_names() -> list[str]:

@@ -4,6 +4,12 @@ Sources: `tiny` (the embedded default, trained here on the pydoc corpus), `path`
 directory, linked, not copied) and `hub` (a repo id resolved from the local HF cache; downloads
 only when `allow_download` is true). Only safetensors weights are accepted, and remote code is
 refused unless the recipe turns `trust_remote_code` on.
+
+Stand-ins: a `path` / `hub` recipe may name `standin_config`, a config.json with the real model's
+published shapes. Where the weights are not on this machine, `validate`, `plan` and every stage's
+preflight read the shapes from it (`target_hf_config`), so a GPU recipe can be checked anywhere;
+`build` still refuses without the weights. Where the weights are present, the stand-in is only
+compared with the real config.json, so a stale stand-in is reported rather than trusted.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 from trtbuild.tiny import TinyModelConfig
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+# Shape keys a stand-in must carry (top level or under text_config) and that must agree with the real
+# config.json once the weights are present.
+STANDIN_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                "vocab_size")
 
 
 class ModelConfig(StageConfig):
@@ -27,14 +37,20 @@ class ModelConfig(StageConfig):
         default="tiny", description="Where the target comes from: the embedded tiny Llama, a local HF "
         "directory, or a Hugging Face repo id in the local HF cache.")
     path: str | None = Field(default=None, description="source: path: the HF model directory.")
-    repo_id: str | None = Field(default=None, description="source: hub: e.g. meta-llama/Llama-3.1-8B-Instruct.")
+    repo_id: str | None = Field(default=None,
+                                description="source: hub: e.g. meta-llama/Llama-3.1-8B-Instruct.")
     revision: str = Field(default="main", description="source: hub: branch, tag or commit.")
     allow_download: bool = Field(default=False, description="source: hub: fetch from the Hub when the "
                                  "local cache lacks it (off: builds never touch the network).")
     trust_remote_code: bool = Field(default=False, description="Allow models whose config.json asks for "
                                     "custom code (auto_map). Off by default.")
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig,
-                                  description="source: tiny: architecture and training of the embedded target.")
+    tiny: TinyModelConfig = Field(
+        default_factory=TinyModelConfig,
+        description="source: tiny: architecture and training of the embedded target.")
+    standin_config: str | None = Field(
+        default=None, description="source: path / hub: a config.json with the real model's published shapes "
+        "(relative to the recipe). Where the weights are not on this machine, validate / plan / preflight "
+        "read the shapes from it; build still needs the weights.")
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelConfig:
@@ -42,6 +58,9 @@ class ModelConfig(StageConfig):
             raise ValueError("source: path needs `path:` (a local Hugging Face model directory)")
         if self.source == "hub" and not self.repo_id:
             raise ValueError("source: hub needs `repo_id:` (e.g. meta-llama/Llama-3.1-8B-Instruct)")
+        if self.source == "tiny" and self.standin_config:
+            raise ValueError("standin_config is for source: path or hub (the tiny target's shapes come from "
+                             "model.tiny)")
         return self
 
 
@@ -61,6 +80,96 @@ def _hub_snapshot_commit(repo_id: str, revision: str) -> str | None:
     if (repo_dir / "snapshots" / revision).is_dir():
         return revision
     return None
+
+
+def hub_snapshot_dir(repo_id: str, revision: str) -> Path | None:
+    """The local HF cache's snapshot directory of `repo_id` at `revision`, or None when not cached."""
+    commit = _hub_snapshot_commit(repo_id, revision)
+    if commit is None:
+        return None
+    return hf_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+
+
+def local_model_dir(config: ModelConfig, recipe: Any) -> Path | None:
+    """The target's directory on this machine (source path, or the hub snapshot) when its config.json
+    is there; None for the tiny target (built, not found) and for weights that are absent."""
+    if config.source == "path" and config.path:
+        directory: Path | None = recipe.resolve_path(config.path)
+    elif config.source == "hub" and config.repo_id:
+        directory = hub_snapshot_dir(config.repo_id, config.revision)
+    else:
+        return None
+    return directory if directory is not None and (directory / "config.json").is_file() else None
+
+
+def standin_path(config: ModelConfig, recipe: Any) -> Path | None:
+    return recipe.resolve_path(config.standin_config) if config.standin_config else None
+
+
+def uses_standin(recipe: Any) -> bool:
+    """True when the recipe's target is absent here and a stand-in config speaks for it."""
+    config = recipe.stage_config("model")
+    return (config is not None and config.source in ("path", "hub") and bool(config.standin_config)
+            and local_model_dir(config, recipe) is None)
+
+
+def target_hf_config(recipe: Any) -> tuple[dict[str, Any], str] | None:
+    """The target's config.json and where it was read: the real one when it is on this machine, else
+    the stand-in's. None for the tiny target and when neither is readable (preflight says why)."""
+    config = recipe.stage_config("model")
+    if config is None:
+        return None
+    directory = local_model_dir(config, recipe)
+    file = directory / "config.json" if directory is not None else standin_path(config, recipe)
+    if file is None:
+        return None
+    data, _ = _read_config(file)
+    if data is None:
+        return None
+    return data, (str(file) if directory is not None else f"stand-in {file}")
+
+
+def text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's section: `text_config` of multimodal configs (Llama 4), else the config."""
+    text = hf_config.get("text_config")
+    return text if isinstance(text, dict) else hf_config
+
+
+def _read_config(file: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(config, None) or (None, why it cannot be read)."""
+    try:
+        data = json.loads(file.read_text())
+    except OSError:
+        return None, f"{file} not found"
+    except ValueError as exc:
+        return None, f"{file} is not valid JSON ({exc})"
+    if not isinstance(data, dict):
+        return None, f"{file} is not a JSON object"
+    return data, None
+
+
+def standin_problems(config: ModelConfig, recipe: Any, real: dict[str, Any] | None) -> list[str]:
+    """The stand-in must exist, carry the shape keys and, once the weights are here, match them."""
+    file = standin_path(config, recipe)
+    if file is None:
+        return []
+    data, error = _read_config(file)
+    fix = "write the real model's published config.json there, or fix model.standin_config"
+    if data is None:
+        return [f"model.standin_config: stand-in {error} (fix: {fix})"]
+    text = text_config(data)
+    missing = [k for k in STANDIN_KEYS if not isinstance(text.get(k), int)]
+    if missing:
+        return [f"model.standin_config: stand-in {file} lacks {', '.join(missing)} (fix: {fix})"]
+    if real is None:
+        return []
+    real_text = text_config(real)
+    differ = [f"{k} {text[k]} (stand-in) != {real_text.get(k)} (real config.json)"
+              for k in STANDIN_KEYS if real_text.get(k) is not None and real_text.get(k) != text[k]]
+    if differ:
+        return [f"model.standin_config: stand-in {file} no longer matches the model: {'; '.join(differ)} "
+                "(fix: copy the real config.json over the stand-in, or remove model.standin_config)"]
+    return []
 
 
 def _fingerprint(directory: Path) -> list[list[Any]]:
@@ -105,6 +214,8 @@ class ModelStage(Stage):
         assert isinstance(config, ModelConfig)
         if config.source == "path":
             directory = recipe.resolve_path(config.path)
+            if not directory.is_dir() and config.standin_config:
+                return {"path": str(directory), "files": None}  # absent here: plan on the stand-in
             if not directory.is_dir():
                 pos = recipe.position_of(("model", "path"))
                 raise UserError(f"directory not found: {directory}", file=pos.file if pos else None,
@@ -118,19 +229,26 @@ class ModelStage(Stage):
     def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
         """Cheap checks of the source before any work (files present, cache populated)."""
         assert isinstance(config, ModelConfig)
+        local = local_model_dir(config, recipe)
+        if config.standin_config:
+            real = _read_config(local / "config.json")[0] if local is not None else None
+            problems = standin_problems(config, recipe, real)
+            if problems or local is None:
+                return problems  # absent weights are expected here: `plan` says so, `build` refuses
         if config.source == "path":
             directory = recipe.resolve_path(config.path)
             if not directory.is_dir():
-                return [f"model.path: directory not found: {directory} (fix: give an existing HF model directory)"]
+                return [f"model.path: directory not found: {directory} "
+                        "(fix: give an existing HF model directory)"]
             try:
                 check_hf_directory(directory, config, "model.path")
             except UserError as exc:
                 return [exc.one_line()]
-        if config.source == "hub" and not config.allow_download:
-            if _hub_snapshot_commit(config.repo_id or "", config.revision) is None:
-                return [f"model.repo_id: '{config.repo_id}' ({config.revision}) is not in the local HF cache "
-                        f"{hf_cache_dir()} (fix: `hf download {config.repo_id}` on a connected machine, "
-                        "or set model.allow_download: true)"]
+        if (config.source == "hub" and not config.allow_download
+                and _hub_snapshot_commit(config.repo_id or "", config.revision) is None):
+            return [f"model.repo_id: '{config.repo_id}' ({config.revision}) is not in the local HF cache "
+                    f"{hf_cache_dir()} (fix: `hf download {config.repo_id}` on a connected machine, "
+                    "or set model.allow_download: true)"]
         return []
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
@@ -144,6 +262,9 @@ class ModelStage(Stage):
         if config.source == "path":
             source_dir = ctx.recipe.resolve_path(config.path)
             where = "model.path"
+            if not source_dir.is_dir():  # a stand-in let plan through; the build needs the weights
+                raise UserError(f"directory not found: {source_dir}", field=where,
+                                fix="give an existing Hugging Face model directory")
         else:
             source_dir = self._resolve_hub(config)
             where = "model.repo_id"
@@ -170,7 +291,7 @@ class ModelStage(Stage):
 def _shape_metrics(hf_config: dict[str, Any], directory: Path) -> dict[str, Any]:
     from trtbuild.safetensors_header import count_parameters
 
-    text = hf_config.get("text_config", hf_config)
+    text = text_config(hf_config)
     return {
         "architecture": (hf_config.get("architectures") or ["?"])[0],
         "num_hidden_layers": text.get("num_hidden_layers"),

@@ -1,0 +1,77 @@
+"""FP8 quantization benchmark: perplexity of the base model vs its ModelOpt FP8 version, and sizes.
+
+    python bench/quantize.py [MODEL_DIR] [--kv-cache fp8|none] [--num-samples N] [--seq-len T]
+                             [--eval-samples N] [--json]
+
+MODEL_DIR is a Hugging Face model directory, or a model-stage artifact with `hf/` inside
+(default: /work/tiny-default). The quantize stage's
+own code runs (calibration, gate with no threshold, export, runtime check) into a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from trtbuild.progress import Progress
+from trtbuild.stages.quantize import QuantizeConfig, run_quantize
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", nargs="?", default="/work/tiny-default", type=Path)
+    parser.add_argument("--kv-cache", choices=["fp8", "none"], default="fp8")
+    parser.add_argument("--num-samples", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--eval-samples", type=int, default=None)
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
+    args = parser.parse_args()
+    if (args.model_dir / "hf" / "config.json").is_file():  # an artifact dir of the model stage
+        args.model_dir = args.model_dir / "hf"
+
+    config = QuantizeConfig.model_validate({
+        "kv_cache": args.kv_cache,
+        "calibration": {"num_samples": args.num_samples, "seq_len": args.seq_len},
+        # The bench reports the ratio; it does not enforce a threshold.
+        "gate": {"seq_len": args.seq_len, "eval_samples": args.eval_samples, "max_perplexity_ratio": 1e9},
+    })
+    with tempfile.TemporaryDirectory() as tmp:
+        progress = Progress.for_terminal(not args.json)
+        result = run_quantize(config, args.model_dir, Path(tmp), progress=progress)
+    m = result.metrics
+    if args.json:
+        print(json.dumps(m, indent=2))
+        return 0
+
+    rows = [
+        ("perplexity", f"{m['perplexity_base']:.4f}", f"{m['perplexity_quantized']:.4f}",
+         f"{m['perplexity_ratio']:.5f}"),
+        ("weight bytes", f"{m['weight_bytes_base']:,}", f"{m['weight_bytes_quantized']:,}",
+         f"{m['weight_bytes_ratio']:.3f}"),
+    ]
+    print(f"model: {args.model_dir}   device: {m['device']}   kv cache: {args.kv_cache}   "
+          f"eval: {m['eval_samples']} x {args.seq_len} tokens ({m['eval_tokens']} predicted)")
+    print(f"{'':14}{'base':>16}{'FP8':>16}{'FP8 / base':>14}")
+    for name, base, fp8, ratio in rows:
+        print(f"{name:14}{base:>16}{fp8:>16}{ratio:>14}")
+    print(f"calibration: {m['calibration_samples']} x {args.seq_len} tokens "
+          f"in {m['calibration_seconds']:.1f} s; "
+          f"{m['quantized_linears']} linears FP8, {m['unquantized_linears']} kept "
+          f"({', '.join(result.info['excluded_modules'])})")
+    if m.get("export_check") == "passed":
+        print("export check (runtime on the FP8 files vs ModelOpt fake quant): "
+              f"median position off by {m['export_logits_noise_median']:.2g} x the FP8 effect "
+              f"(worst {m['export_logits_noise_max']:.2g}), min cosine {m['export_logits_min_cosine']:.7f}, "
+              f"argmax agreement {m['export_logits_argmax_agreement']:.4f}, "
+              f"max |diff| {m['export_logits_max_abs_diff']:.3g} "
+              f"(logits up to {m['export_logits_max_abs_logit']:.3g})")
+    else:
+        print(f"export check: {m.get('export_check')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

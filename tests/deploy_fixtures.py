@@ -1,0 +1,104 @@
+"""Real engine bundles for the deploy / serve tests: a small Llama and an EAGLE-3 draft made here,
+run through the engine stage, then the deploy stage.
+
+The recipe is composed from the real stage configs of the sections these tests need, so the
+fixtures do not depend on which stages the CLI registers yet.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from draft_fixtures import write_target
+
+from trtbuild.progress import Progress
+from trtbuild.stages.base import Artifact, StageContext
+
+LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 4, 64, 4, 2, 128, 384
+DRAFT_AUX = [0, 1, 2]
+
+
+def write_random_draft(directory: Path, seed: int = 0) -> Path:
+    """An EAGLE-3 draft checkpoint in TRT-LLM's layout with random weights: it accepts little,
+    which is what makes it a good test of lossless verification."""
+    import torch
+    from safetensors.torch import save_file
+
+    from trtbuild.eagle3.format import LAYER_TENSORS
+
+    directory.mkdir(parents=True)
+    head_dim = HIDDEN // HEADS
+    kv = KV_HEADS * head_dim
+    shapes = {"self_attn.q_proj.weight": (HIDDEN, 2 * HIDDEN), "self_attn.k_proj.weight": (kv, 2 * HIDDEN),
+              "self_attn.v_proj.weight": (kv, 2 * HIDDEN), "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+              "mlp.gate_proj.weight": (FFN, HIDDEN), "mlp.up_proj.weight": (FFN, HIDDEN),
+              "mlp.down_proj.weight": (HIDDEN, FFN)}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {f"layers.0.{name}": (0.05 * torch.randn(shapes[name], generator=gen) if name in shapes
+                                    else torch.ones(HIDDEN)) for name in LAYER_TENSORS}
+    tensors["fc.weight"] = 0.05 * torch.randn(HIDDEN, len(DRAFT_AUX) * HIDDEN, generator=gen)
+    tensors["norm.weight"] = torch.ones(HIDDEN)
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": HIDDEN,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": head_dim,
+        "num_hidden_layers": 1, "intermediate_size": FFN, "vocab_size": VOCAB, "draft_vocab_size": VOCAB,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": DRAFT_AUX, "use_aux_hidden_state": True}}))
+    return directory
+
+
+def write_sources(root: Path) -> dict[str, Path]:
+    """The model and draft stages' artifacts: `model/hf` and `draft/eagle3`."""
+    write_target(root / "model" / "hf", num_hidden_layers=LAYERS)
+    write_random_draft(root / "draft" / "eagle3")
+    return {"model": root / "model", "draft": root / "draft"}
+
+
+def make_recipe(base: Path, *, engine: dict[str, Any] | None = None, draft: bool = True,
+                deploy: dict[str, Any] | None = None) -> Any:
+    from pydantic import create_model
+
+    from trtbuild.recipe import RecipeBase
+    from trtbuild.stages.deploy import DeployConfig
+    from trtbuild.stages.draft import DraftConfig
+    from trtbuild.stages.engine import EngineConfig
+
+    recipe_cls = create_model("DeployTestRecipe", __base__=RecipeBase, draft=(DraftConfig | None, None),
+                              engine=(EngineConfig | None, None), deploy=(DeployConfig | None, None))
+    recipe = recipe_cls.model_validate({
+        "name": "deploy-test",
+        "draft": {"source": "train", "max_draft_len": 3} if draft else {"source": "none"},
+        "engine": {"max_batch_size": 4, **(engine or {})},
+        "deploy": deploy or {},
+    })
+    recipe._recipe_file = base / "recipe.yaml"
+    return recipe
+
+
+def build_engine(base: Path, sources: dict[str, Path], recipe: Any, name: str = "engine") -> Path:
+    """Run the engine stage into `<base>/cache/engine/<name>` (cache-like depth for the bundle link)."""
+    from trtbuild.stages.engine import EngineStage
+
+    out = base / "cache" / "engine" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    inputs = {"model": Artifact("model", "k-model", sources["model"])}
+    if recipe.draft.source != "none":
+        inputs["draft"] = Artifact("draft", "k-draft", sources["draft"])
+    EngineStage().run(recipe.engine, StageContext(recipe, inputs, out, Progress()))
+    return out
+
+
+def build_deploy(base: Path, engine_dir: Path, recipe: Any, name: str = "deploy") -> tuple[Path, Any]:
+    from trtbuild.stages.deploy import DeployStage
+
+    out = base / "cache" / "deploy" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    ctx = StageContext(recipe, {"engine": Artifact("engine", "k-engine", engine_dir)}, out, Progress())
+    result = DeployStage().run(recipe.deploy, ctx)
+    return out, result

@@ -1,0 +1,66 @@
+"""Small real targets for the draft tests: a BPE tokenizer trained here and a random Llama."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+VOCAB = 384
+
+
+@functools.cache
+def _tokenizer_json(vocab_size: int, corpus_chars: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from trtbuild.data.pydoc_corpus import train_text
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([train_text()[:corpus_chars]], trainer)
+    return tokenizer.to_str()
+
+
+def write_tokenizer(directory: Path, vocab_size: int = VOCAB, corpus_chars: int = 200_000) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "raw_tokenizer.json").write_text(_tokenizer_json(vocab_size, corpus_chars))
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(directory / "raw_tokenizer.json"), unk_token="<unk>",
+                                   bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(str(directory))
+    (directory / "raw_tokenizer.json").unlink()
+
+
+def llama_config(**overrides: Any) -> Any:
+    from transformers import LlamaConfig
+
+    values = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def write_target(directory: Path, seed: int = 0, **overrides: Any) -> Path:
+    """A random Llama with real weights and tokenizer (what the model stage's `hf/` holds)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(**overrides))
+    model.save_pretrained(str(directory), safe_serialization=True)
+    write_tokenizer(directory)
+    return directory
+
+
+def write_target_config(directory: Path, **overrides: Any) -> Path:
+    """config.json + tokenizer only: enough for the compatibility checks."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(llama_config(**overrides).to_dict()))
+    write_tokenizer(directory)
+    return directory

@@ -1,0 +1,122 @@
+"""The exported draft: its names and keys follow the format in shared/REFERENCE.md, and the runtime
+loading it drafts exactly what ModelOpt's model (as we train it) drafts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from draft_fixtures import write_target
+
+from trtbuild.eagle3.format import default_aux_layers
+from trtbuild.errors import UserError
+
+# The EAGLE-3 draft checkpoint as shared/REFERENCE.md describes it (TRT-LLM's loader).
+REFERENCE_CONFIG_KEYS = {"architectures", "draft_vocab_size", "eagle_config", "hidden_size",
+                         "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
+                         "vocab_size", "num_hidden_layers", "rope_theta", "max_position_embeddings"}
+REFERENCE_EAGLE_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state",
+                        "use_input_layernorm_in_first_layer", "use_last_layernorm"}
+REFERENCE_TENSORS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t"} | {
+    f"layers.0.{name}.weight" for name in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj", "mlp.down_proj", "input_layernorm", "hidden_norm", "post_attention_layernorm")}
+DRAFT_VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A random target, converted by ModelOpt, draft weights randomised (norms far from 1), exported."""
+    from trtbuild.eagle3.export import export_draft
+    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.eagle3.vocab import d2t_table
+
+    root = tmp_path_factory.mktemp("export")
+    target_dir = write_target(root / "target", num_hidden_layers=6)
+    chosen = sorted(torch.randperm(384, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB].tolist())
+    model = convert_to_eagle3(load_target(target_dir),
+                              DraftArch(aux_layers=default_aux_layers(6), draft_vocab_size=DRAFT_VOCAB),
+                              d2t_table(chosen))
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in model.eagle_module.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1 + 0.5 * noise if "norm" in name else 0.3 * noise)
+    model.eval()
+    export_draft(model, root / "draft", target_dir=target_dir, dtype="float32")
+    return model, target_dir, root / "draft", chosen
+
+
+def test_names_and_keys_follow_the_reference(converted) -> None:  # type: ignore[no-untyped-def]
+    from safetensors import safe_open
+
+    _, _, draft_dir, chosen = converted
+    config = json.loads((draft_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert set(config) >= REFERENCE_CONFIG_KEYS, REFERENCE_CONFIG_KEYS - set(config)
+    assert set(config["eagle_config"]) >= REFERENCE_EAGLE_KEYS
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == default_aux_layers(6) == [1, 2]
+    assert config["draft_vocab_size"] == DRAFT_VOCAB and config["num_hidden_layers"] == 1
+    with safe_open(str(draft_dir / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())
+        fc, d2t = handle.get_tensor("fc.weight"), handle.get_tensor("d2t")
+        head = handle.get_tensor("lm_head.weight")
+    assert names == REFERENCE_TENSORS
+    assert list(fc.shape) == [64, 2 * 64]  # hidden x (n_aux * hidden)
+    assert d2t.dtype == torch.int64 and (torch.arange(DRAFT_VOCAB) + d2t).tolist() == chosen
+    assert list(head.shape) == [DRAFT_VOCAB, 64]
+
+
+def test_runtime_drafts_what_modelopt_drafts(converted) -> None:  # type: ignore[no-untyped-def]
+    from trtbuild.runtime.draft import load_draft
+    from trtbuild.runtime.target import load_target
+
+    model, target_dir, draft_dir, _ = converted
+    target = load_target(target_dir)
+    steps = 4
+    prompts = torch.randint(3, 384, (3, 12), generator=torch.Generator().manual_seed(3))
+    expected = [model.pseudo_speculative_generate(p[None], steps=steps) for p in prompts]
+    for norm, should_match in (("standard", True), ("modelopt", False)):
+        draft = load_draft(draft_dir, target, first_norm=norm)
+        got = [_runtime_chain(target, draft, p[None], steps) for p in prompts]
+        matches = [torch.equal(e[1], g) for e, g in zip(expected, got, strict=True)]
+        bases = [_base_token(target, p[None]) for p in prompts]
+        assert all(torch.equal(e[0], b) for e, b in zip(expected, bases, strict=True))
+        assert all(matches) if should_match else not all(matches), (norm, matches)
+
+
+def _base_token(target, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return target.logits(ids)[:, -1:].argmax(-1)
+
+
+@torch.inference_mode()
+def _runtime_chain(target, draft, ids: torch.Tensor, steps: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Chain drafting with the runtime's building blocks: aux states of the prompt -> fc -> draft steps."""
+    t = ids.shape[1]
+    cache = target.new_cache(1, t)
+    logits, aux = target.forward(ids, cache, 0, aux_layers=draft.aux_layers)
+    base = logits[:, -1:].argmax(-1)
+    next_ids = torch.cat([ids[:, 1:], base], 1)
+    dcache = draft.new_cache(1, t + steps)
+    hidden, out = draft.project(aux), None
+    tokens = []
+    start = 0
+    for _ in range(steps):
+        out, draft_logits = draft.forward(hidden, next_ids, dcache, start)
+        token = draft.to_target[draft_logits[:, -1].argmax(-1)][:, None]
+        tokens.append(token)
+        start += hidden.shape[1]
+        hidden, next_ids = out[:, -1:], token
+    return torch.cat(tokens, 1)
+
+
+def test_runtime_refuses_a_draft_for_another_target(converted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from trtbuild.runtime.draft import load_draft
+    from trtbuild.runtime.target import load_target
+
+    _, _, draft_dir, _ = converted
+    other = load_target(write_target(tmp_path / "other", num_hidden_layers=2))
+    with pytest.raises(UserError, match="eagle_aux_hidden_state_layer_ids"):
+        load_draft(draft_dir, other)

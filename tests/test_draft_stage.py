@@ -1,0 +1,172 @@
+"""The draft stage end to end on a small random target: train -> export -> check -> tau; the gate;
+resuming an interrupted training; loading a draft by path (and refusing a mismatched one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from draft_fixtures import write_target
+
+from trtbuild.errors import BuildError, UserError
+from trtbuild.progress import Progress
+from trtbuild.stages.base import Artifact, StageContext
+from trtbuild.stages.draft import DraftConfig, DraftStage, resume_dir
+
+SMALL = dict(samples=16, steps=4, batch_size=4, seq_len=32, prompt_len=8, draft_vocab_size=200,
+             max_draft_len=3, checkpoint_every=2, eval={"prompts": 2, "prompt_len": 12, "new_tokens": 12})
+
+
+class _Recipe:
+    """The two things a stage reads from the recipe: where relative paths start, and sections."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+
+    def resolve_path(self, value: str) -> Path:
+        path = Path(value)
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    def stage_config(self, name: str) -> Any:
+        return None
+
+
+@pytest.fixture(scope="module")
+def model_artifact(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
+    root = tmp_path_factory.mktemp("model")
+    write_target(root / "hf")
+    return Artifact("model", "model-key", root)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
+
+
+def _run(config: DraftConfig, model: Artifact, out: Path, progress: Progress | None = None):  # type: ignore[no-untyped-def]
+    out.mkdir(parents=True)
+    ctx = StageContext(recipe=_Recipe(out.parent), inputs={"model": model}, out_dir=out,
+                       progress=progress or Progress())
+    return DraftStage().run(config, ctx)
+
+
+@pytest.fixture(scope="module")
+def trained(model_artifact: Artifact, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One short training run shared by the tests that only read its result."""
+    import os
+
+    root = tmp_path_factory.mktemp("trained")
+    os.environ["TRTBUILD_CACHE"] = str(root / "cache")
+    config = DraftConfig(**SMALL)
+    try:
+        result = _run(config, model_artifact, root / "out")
+    finally:
+        del os.environ["TRTBUILD_CACHE"]
+    return config, result, root / "out" / "eagle3", root / "cache"
+
+
+def test_train_export_evaluate(trained, model_artifact: Artifact) -> None:  # type: ignore[no-untyped-def]
+    from trtbuild.eagle3.evaluate import heldout_prompts, measure_tau
+
+    config, result, draft_dir, cache = trained
+    assert json.loads((draft_dir / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    metrics, info = result.metrics, result.info
+    assert metrics["train_steps"] == 4 and metrics["draft_vocab_size"] == 200
+    assert 1.0 <= metrics["acceptance_length"] <= 1 + config.max_draft_len
+    assert metrics["eval_decode_steps"] > 0 and len(metrics["acceptance_rates"]) == config.max_draft_len
+    assert info["target"]["quantized"] is False and "UNQUANTIZED" in info["target"]["note"]
+    assert any(c.startswith("tensorrt_llm") for c in info["consumers"])
+    assert (cache / "resume").is_dir() and not any((cache / "resume").iterdir())  # cleaned up after export
+
+    # Round trip: the runtime loading the exported draft afresh measures the same tau.
+    prompts = heldout_prompts(model_artifact.path / "hf", config.eval, None)
+    again = measure_tau(model_artifact.path / "hf", draft_dir, prompts, config.eval.new_tokens,
+                        config.max_draft_len)
+    assert again["acceptance_length"] == metrics["acceptance_length"]
+    assert again["acceptance_rates"] == metrics["acceptance_rates"]
+
+
+def test_gate_fails_the_build(trained, model_artifact: Artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config, result, draft_dir, _ = trained
+    tau = result.metrics["acceptance_length"]
+    gated = DraftConfig(source="path", path=str(draft_dir), max_draft_len=config.max_draft_len,
+                        eval=config.eval, gate={"min_acceptance_length": tau + 0.01})
+    expected = rf"draft.gate.min_acceptance_length: acceptance length {tau:.3f} < gate"
+    with pytest.raises(BuildError, match=expected):
+        _run(gated, model_artifact, tmp_path / "gated")
+    passing = gated.model_copy(update={"gate": gated.gate.model_copy(update={"min_acceptance_length": tau})})
+    assert _run(passing, model_artifact, tmp_path / "passing").metrics["acceptance_length"] == tau
+
+
+def test_gate_needs_an_evaluation() -> None:
+    config = DraftConfig(**{**SMALL, "eval": {"prompts": 0}, "gate": {"min_acceptance_length": 2.0}})
+    from trtbuild.stages.draft import _gate
+
+    with pytest.raises(UserError, match="evaluation is off"):
+        _gate(config, {"acceptance_length": None})
+
+
+class _StopAfter(Progress):
+    """Interrupts the training like Ctrl-C after `n` optimizer steps."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    def _advance(self, task_id: Any, n: float, fields: dict[str, Any]) -> None:
+        if "loss" in fields:
+            self.left -= 1
+            if self.left == 0:
+                raise KeyboardInterrupt
+
+
+def test_interrupted_training_resumes(model_artifact: Artifact, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    config = DraftConfig(**{**SMALL, "eval": {"prompts": 0}})
+    with pytest.raises(KeyboardInterrupt):
+        _run(config, model_artifact, tmp_path / "first", _StopAfter(3))  # checkpoint at step 2 exists
+    assert (resume_dir(config, model_artifact.key) / "state.pt").is_file()
+    resumed = _run(config, model_artifact, tmp_path / "second")
+    assert resumed.info["resumed_from_step"] == 2
+    straight = _run(config, model_artifact, tmp_path / "third")  # resume dir is gone: from scratch
+    assert straight.info["resumed_from_step"] == 0
+    a = load_file(str(tmp_path / "second" / "eagle3" / "model.safetensors"))
+    b = load_file(str(tmp_path / "third" / "eagle3" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(bool((a[k] == b[k]).all()) for k in a), "resumed training differs from an uninterrupted one"
+
+
+def test_load_by_path(trained, model_artifact: Artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, _, draft_dir, _ = trained
+    loaded = _run(DraftConfig(source="path", path=str(draft_dir), eval={"prompts": 0}), model_artifact,
+                  tmp_path / "b")
+    assert loaded.info["source"] == "path" and loaded.metrics["draft_vocab_size"] == 200
+    assert loaded.metrics["acceptance_length"] is None
+    assert (tmp_path / "b" / "eagle3" / "model.safetensors").read_bytes() == \
+        (draft_dir / "model.safetensors").read_bytes()
+
+
+def test_mismatched_path_is_refused_before_any_work(trained, model_artifact: Artifact,  # type: ignore[no-untyped-def]
+                                                    tmp_path: Path) -> None:
+    import shutil
+
+    _, _, draft_dir, _ = trained
+    other = tmp_path / "draft-for-an-8-layer-target"
+    shutil.copytree(draft_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 4]
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"draft.eagle_aux_hidden_state_layer_ids: aux layer id 4"):
+        _run(DraftConfig(source="path", path=str(other)), model_artifact, tmp_path / "b")
+    assert not (tmp_path / "b" / "eagle3").exists()
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="source: path needs `path:`"):
+        DraftConfig(source="path")
+    with pytest.raises(ValueError, match="source: hub needs `repo_id:`"):
+        DraftConfig(source="hub")
+    assert DraftConfig(samples=100, batch_size=10, epochs=2).total_steps() == 20

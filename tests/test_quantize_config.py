@@ -1,0 +1,69 @@
+"""The quantize section's schema, its cache-key material, and the legacy-export rope fix-up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from trtbuild.modelopt_fp8 import fix_trtllm_rope
+from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage
+
+
+def test_defaults() -> None:
+    config = QuantizeConfig()
+    assert (config.format, config.kv_cache, config.export) == ("fp8", "fp8", "hf")
+    assert config.exclude == ["lm_head"]
+    assert config.gate.max_perplexity_ratio == 1.02
+    assert config.calibration.dataset.kind == config.gate.eval_dataset.kind == "pydoc"
+
+
+def test_dataset_shorthands_and_errors() -> None:
+    config = QuantizeConfig.model_validate({"calibration": {"dataset": "data/cal.jsonl"},
+                                            "gate": {"eval_dataset": {"hf": "org/set", "split": "test"}}})
+    assert config.calibration.dataset.path == "data/cal.jsonl"
+    assert (config.gate.eval_dataset.hf, config.gate.eval_dataset.split) == ("org/set", "test")
+    for bad in ({"format": "int4"}, {"kv_cache": "int8"}, {"export": "onnx"}, {"exclude": [""]},
+                {"calibration": {"num_samples": 0}}, {"gate": {"max_perplexity_ratio": 0}},
+                {"calibration": {"dataset": "notes.csv"}}, {"gate": {"typo": 1}}):
+        with pytest.raises(ValidationError):
+            QuantizeConfig.model_validate(bad)
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type) -> None:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name}"
+            annotation = field.annotation
+            if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+                walk(annotation)
+
+    walk(QuantizeConfig)
+
+
+def test_key_material_follows_file_contents(tmp_path: Path) -> None:
+    (tmp_path / "cal.txt").write_text("one")
+    recipe = SimpleNamespace(base_dir=tmp_path)
+    config = QuantizeConfig.model_validate({"calibration": {"dataset": "cal.txt"}})
+    first = QuantizeStage().key_material(config, recipe)
+    (tmp_path / "cal.txt").write_text("two")
+    assert QuantizeStage().key_material(config, recipe) != first
+
+
+def test_trtllm_rope_fix(tmp_path: Path) -> None:
+    """transformers 5 configs keep rope settings in rope_parameters; the legacy config needs them."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    fix_trtllm_rope(path, SimpleNamespace(rope_parameters=llama3))
+    config = json.loads(path.read_text())
+    assert config["rotary_base"] == 500000.0
+    assert config["rotary_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    path.write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
+    fix_trtllm_rope(path, SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4}))
+    assert json.loads(path.read_text()) == {"architecture": "LlamaForCausalLM", "rotary_base": 1e4}

@@ -1,0 +1,71 @@
+"""`trtbuild serve` / `trtbuild bench --server` entry points on a deploy artifact, with SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
+
+from trtbuild.triton.commands import bench_deployment, default_prompts
+from trtbuild.triton.server import group_members
+
+pytestmark = pytest.mark.slow
+
+SERVE = ("import sys; from pathlib import Path; from trtbuild.triton.commands import serve_deployment; "
+         "sys.exit(serve_deployment(Path(sys.argv[1]), http_port=0, grpc_port=0, metrics_port=0))")
+
+
+def test_serve_and_bench_a_deployment(tmp_path: Path) -> None:
+    sources = write_sources(tmp_path / "sources")
+    recipe = make_recipe(tmp_path, draft=False, deploy={"model_name": "tiny", "local": {"num_threads": 1}})
+    engine = build_engine(tmp_path, sources, recipe)
+    deploy, _ = build_deploy(tmp_path, engine, recipe)
+
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(deploy)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + 300
+    while not any("model    tiny" in line for line in lines):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+    text = "".join(lines)
+    http = re.search(r"HTTP\s+http://(127\.0\.0\.1:\d+)", text).group(1)
+    server_pid = int(re.search(r"ready \(pid (\d+)\)", text).group(1))
+    try:
+        report = bench_deployment(deploy, http, prompts=default_prompts(2, chars=40), concurrency=(1, 2),
+                                  max_tokens=12, out_dir=tmp_path / "bench")
+        assert report["model"] == "tiny" and report["outputs_identical"] is True
+        assert [row["errors"] for row in report["levels"]] == [0, 0]
+        saved = json.loads((tmp_path / "bench" / "bench_server.json").read_text())
+        assert saved["levels"][1]["concurrency"] == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, "".join(lines)
+    assert group_members(server_pid) == [] and group_members(proc.pid) == []
+
+
+def test_model_that_cannot_load_is_a_one_line_error_and_nothing_is_left(tmp_path: Path) -> None:
+    from trtbuild.errors import BuildError
+    from trtbuild.triton.server import TritonServer
+
+    sources = write_sources(tmp_path / "sources")
+    recipe = make_recipe(tmp_path, draft=False, deploy={"target": "local"})
+    engine = build_engine(tmp_path, sources, recipe)
+    deploy, _ = build_deploy(tmp_path, engine, recipe)
+    (engine / "bundle" / "target" / "model.safetensors").unlink()  # the bundle lost its weights
+    server = TritonServer([deploy / "repo_local"], http_port=0, grpc_port=0, metrics_port=0,
+                          log_file=tmp_path / "tritonserver.log")
+    message = r"exited with code \d+ while starting: failed to load 'llm' version 1: .*safetensors"
+    with pytest.raises(BuildError, match=message):
+        server.start(ready_timeout_s=300)
+    assert server.pid is None and not server.is_running()
+    assert server.last_pid is not None and group_members(server.last_pid) == []

@@ -1,0 +1,13 @@
+"""EAGLE-3 draft models: training with ModelOpt, vocabulary calibration, export, compatibility checks.
+
+Modules (heavy imports stay inside functions everywhere except train/model, which the stage
+imports lazily):
+    format    the checkpoint format TRT-LLM's EAGLE-3 loader reads (names, keys, reading headers)
+    vocab     draft-vocabulary calibration (most frequent target tokens -> d2t)
+    compat    refuse a draft that does not fit the target, before any expensive work
+    model     the target converted by `modelopt.torch.speculative` into a trainable EAGLE-3 model
+    data      training sequences: text windows and the target's own greedy continuations
+    train     the training loop with resumable checkpoints
+    export    ModelOpt's export, normalised to the format in `format`
+    evaluate  acceptance length (tau) with the project's runtime
+"""

@@ -1,0 +1,119 @@
+"""source: train, end to end: data -> vocab calibration -> ModelOpt conversion -> training -> export.
+
+The training pool and the training state live in the resume dir, so a killed build restarts from
+its last checkpoint; the resume dir is removed once the export is complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.errors import UserError
+
+if TYPE_CHECKING:
+    from trtbuild.stages.base import StageContext
+    from trtbuild.stages.draft import DraftConfig
+
+POOL_FILE = "pool.pt"
+
+
+def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
+    from trtbuild.eagle3.format import default_aux_layers
+
+    if config.aux_layers is None:
+        return default_aux_layers(num_layers)
+    bad = [i for i in config.aux_layers if not 0 <= i < num_layers]
+    if bad:
+        raise UserError(f"aux layer {bad[0]} is outside the target's {num_layers} layers "
+                        f"(0..{num_layers - 1})", field="draft.aux_layers",
+                        fix="pick layer indices of the target")
+    if len(set(config.aux_layers)) != len(config.aux_layers):
+        raise UserError(f"aux_layers {config.aux_layers} repeat a layer", field="draft.aux_layers")
+    return sorted(config.aux_layers)
+
+
+def _export_dtype(config: DraftConfig, target: Any) -> str:
+    if config.export_dtype != "auto":
+        return config.export_dtype
+    import torch
+
+    dtype = getattr(target.config, "dtype", None) or getattr(target.config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")
+
+
+def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: Path,
+                resume: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from trtbuild.data.sources import load_texts
+    from trtbuild.eagle3.compat import check_compatible
+    from trtbuild.eagle3.data import DataPlan, build_pool
+    from trtbuild.eagle3.export import export_draft
+    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.eagle3.train import TrainPlan, train
+    from trtbuild.eagle3.vocab import calibrate_d2t
+
+    torch.manual_seed(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    target = load_target(target_dir)
+    text_config = target.config.get_text_config()
+    vocab_size, num_layers = int(text_config.vocab_size), int(text_config.num_hidden_layers)
+    export_dtype = _export_dtype(config, target)
+    aux_layers = resolve_aux_layers(config, num_layers)
+    draft_vocab = config.draft_vocab_size or vocab_size
+    if draft_vocab > vocab_size:
+        raise UserError(f"draft_vocab_size {draft_vocab} > target vocab_size {vocab_size}",
+                        field="draft.draft_vocab_size", fix=f"use at most {vocab_size}")
+
+    resume.mkdir(parents=True, exist_ok=True)
+    pool_file = resume / POOL_FILE
+    started = time.perf_counter()
+    if pool_file.is_file():
+        pool = torch.load(pool_file)
+    else:
+        texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=ctx.recipe.base_dir)
+        plan = DataPlan(samples=config.samples, seq_len=config.seq_len,
+                        distill_fraction=config.distill_fraction, prompt_len=config.prompt_len,
+                        seed=config.seed)
+        pool = build_pool(target, tokenizer, texts, plan, ctx.progress)
+        tmp = pool_file.with_suffix(".tmp")
+        torch.save(pool, tmp)
+        tmp.replace(pool_file)
+    data_seconds = time.perf_counter() - started
+
+    d2t, coverage = None, 1.0
+    if draft_vocab < vocab_size:
+        d2t, coverage = calibrate_d2t(pool.flatten().tolist(), vocab_size, draft_vocab)
+    arch = DraftArch(aux_layers=aux_layers, draft_vocab_size=draft_vocab,
+                     intermediate_size=config.intermediate_size, ttt_steps=config.ttt_steps,
+                     loss_decay=config.loss_decay)
+    model = convert_to_eagle3(target, arch, d2t)
+    plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.seed,
+                     warmup_steps=min(10, max(1, config.total_steps() // 10)),
+                     checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len)
+    result = train(model, pool, plan, resume, ctx.progress)
+    exported = export_draft(model, out, target_dir=target_dir, dtype=export_dtype)
+    check_compatible(out, target_dir, where="draft")  # our own export must pass the loader's checks
+    shutil.rmtree(resume, ignore_errors=True)
+
+    metrics = {
+        "train_steps": result.steps,
+        "train_seconds": round(result.seconds, 1),
+        "data_seconds": round(data_seconds, 1),
+        "train_loss": round(result.final_loss, 4),
+        "train_step_accuracy": [round(a, 4) for a in result.step_accuracy],
+        "train_estimated_tau": round(result.estimated_tau, 3),
+        "vocab_coverage": round(coverage, 4),
+        "pool_sequences": int(pool.shape[0]),
+        "pool_tokens": int(pool.numel()),
+    }
+    info = {"resumed_from_step": result.resumed_from, "export": exported,
+            "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)",
+            "aux_layers": aux_layers}
+    return {"metrics": metrics, "info": info}

@@ -1,0 +1,69 @@
+"""Acceptance length (tau) of a draft, measured with the project's runtime on held-out prompts.
+
+tau = tokens emitted per decode-step target forward (accepted draft tokens + the target's own
+token), pooled over all prompts, greedy target, at the recipe's max_draft_len. Generation does
+not stop at EOS so every prompt contributes the same number of tokens (the held-out stream
+joins paragraphs with EOS, and a budget cut short by an early EOS would make tau noisier).
+The runtime computes the first draft layer as TRT-LLM does (`first_norm="standard"`), which is
+also what our training computes (trtbuild.eagle3.model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trtbuild.stages.base import StageContext
+    from trtbuild.stages.draft import DraftEval
+
+FIRST_NORM = "standard"
+
+
+def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> Any:
+    """LongTensor [prompts, prompt_len]: consecutive windows from the start of the eval split."""
+    from transformers import AutoTokenizer
+
+    from trtbuild.data.sources import load_texts, sequential_windows
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    texts = load_texts(settings.dataset, "eval", tokenizer=tokenizer, base_dir=base_dir)
+    return sequential_windows(tokenizer, texts, settings.prompt_len, n=settings.prompts)
+
+
+def measure_tau(target_dir: Path, draft_dir: Path, prompts: Any, new_tokens: int, max_draft_len: int,
+                mode: str = "chain", progress: Any = None) -> dict[str, Any]:
+    """Speculative greedy decoding of every prompt; pooled acceptance statistics."""
+    from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
+    from trtbuild.runtime.stats import acceptance_rates
+
+    target = load_target(Path(target_dir))
+    draft = load_draft(Path(draft_dir), target, first_norm=FIRST_NORM)
+    generator = Generator(target, draft)
+    spec = SpecParams(max_draft_len=max_draft_len, mode=mode)  # type: ignore[arg-type]
+    accepted: list[int] = []
+    tokens, seconds = 0, 0.0
+    rows = [row for row in prompts]
+    iterator = progress.track(rows, "draft: acceptance on held-out text") if progress is not None else rows
+    for prompt in iterator:
+        run = generator.generate(prompt, new_tokens, spec=spec, eos_token_ids=[])
+        accepted.extend(run.stats.accepted)
+        tokens += run.stats.new_tokens
+        seconds += run.stats.total_s
+    steps = len(accepted)
+    return {
+        "acceptance_length": round(1.0 + sum(accepted) / steps, 4) if steps else 1.0,
+        "acceptance_rates": [round(r, 4) for r in acceptance_rates(accepted, max_draft_len)],
+        "eval_mode": mode,
+        "eval_prompts": len(rows),
+        "eval_new_tokens": tokens,
+        "eval_decode_steps": steps,
+        "eval_seconds": round(seconds, 2),
+    }
+
+
+def evaluate_draft(target_dir: Path, draft_dir: Path, settings: DraftEval, max_draft_len: int,
+                   ctx: StageContext) -> dict[str, Any]:
+    prompts = heldout_prompts(target_dir, settings, ctx.recipe.base_dir)
+    return measure_tau(target_dir, draft_dir, prompts, settings.new_tokens, max_draft_len, settings.mode,
+                       ctx.progress)

@@ -1,0 +1,133 @@
+"""The target converted by ModelOpt (`modelopt.torch.speculative`, eagle mode) into an EAGLE-3 model.
+
+The draft copies the target's attention geometry (heads, KV heads, head_dim), RoPE and norm eps,
+so TRT-LLM can keep its KV in the target's cache, and starts from the target's final norm and the
+target's lm_head rows of the draft vocabulary (a much better start than random for a small budget).
+
+ModelOpt 0.47 + transformers 5: the HF EAGLE-3 module normalises the first layer's hidden input
+twice (the decoder layer's `input_layernorm`, then `hidden_norm` in ModelOpt's attention pre-hook),
+while TRT-LLM's `Eagle3DecoderLayer` and the EAGLE-3 reference compute
+`cat(input_layernorm(embeds), hidden_norm(hidden))`. `_match_trtllm_first_layer` replaces the hook
+so training computes what TRT-LLM (and our runtime) will run; the weights keep ModelOpt's names.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class DraftArch:
+    aux_layers: list[int]
+    draft_vocab_size: int
+    intermediate_size: int | None = None  # None: the target's
+    ttt_steps: int = 3
+    loss_decay: float = 0.9
+
+
+def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype)
+    model.eval()
+    return model
+
+
+def _rope(text_config: Any) -> tuple[float, dict[str, Any]]:
+    """(theta, rope_scaling dict) of the target, from transformers-5 `rope_parameters` or legacy keys."""
+    params = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
+    params = dict(params)
+    theta = params.get("rope_theta") or getattr(text_config, "rope_theta", None) or 10000.0
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    scaling.setdefault("rope_type", scaling.pop("type", "default"))
+    scaling["rope_theta"] = theta
+    return float(theta), scaling
+
+
+def eagle_mode_config(target: nn.Module, arch: DraftArch) -> dict[str, Any]:
+    """ModelOpt's EagleConfig for this target: EAGLE-3 defaults with the target's geometry."""
+    from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
+
+    text = target.config.get_text_config()
+    theta, scaling = _rope(text)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    config = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
+    config["eagle_architecture_config"].update({
+        "num_attention_heads": text.num_attention_heads,
+        "num_key_value_heads": text.num_key_value_heads or text.num_attention_heads,
+        "head_dim": head_dim,
+        "intermediate_size": arch.intermediate_size or text.intermediate_size,
+        "rms_norm_eps": text.rms_norm_eps,
+        "hidden_act": getattr(text, "hidden_act", "silu"),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "draft_vocab_size": arch.draft_vocab_size,
+        "eagle_aux_hidden_state_layer_ids": list(arch.aux_layers),
+        "torch_dtype": "float32",  # CPU training; the export casts
+        "bos_token_id": text.bos_token_id,
+        "eos_token_id": text.eos_token_id,
+        "pad_token_id": getattr(text, "pad_token_id", None),
+    })
+    config.update({
+        "eagle_ttt_steps": arch.ttt_steps,
+        "eagle_loss_decay_factor": arch.loss_decay,
+        "eagle_use_torch_compile": False,  # compile time dominates short CPU runs
+        "eagle_export_rope_scaling": {},  # keep the target's RoPE in the export, no YaRN injection
+        "eagle_freeze_base_model": True,
+        "eagle_self_logit_distillation": True,
+    })
+    return config
+
+
+def _match_trtllm_first_layer(eagle_module: nn.Module) -> None:
+    """First layer input = cat(input_layernorm(embeds), hidden_norm(raw hidden)), as in TRT-LLM."""
+    layer = eagle_module.layers[0]
+    attention = layer.self_attn
+    attention._forward_pre_hooks.clear()  # ModelOpt's concat hook (the only one registered there)
+    attention._forward_pre_hooks_with_kwargs.clear()
+
+    def stash_raw_hidden(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        eagle_module._raw_hidden = args[0] if args else kwargs["hidden_states"]
+
+    def concat(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        embeds = layer.input_layernorm(eagle_module._input_embeds)
+        hidden = layer.hidden_norm(eagle_module._raw_hidden)
+        eagle_module._input_embeds = None
+        eagle_module._raw_hidden = None
+        kwargs["hidden_states"] = torch.cat((embeds, hidden), dim=-1)
+        return args, kwargs
+
+    layer.register_forward_pre_hook(stash_raw_hidden, with_kwargs=True)
+    attention.register_forward_pre_hook(concat, with_kwargs=True)
+
+
+def convert_to_eagle3(target: nn.Module, arch: DraftArch, d2t: torch.Tensor | None) -> nn.Module:
+    """Convert `target` in place with `mtsp.convert` and initialise the draft; returns the model."""
+    import modelopt.torch.speculative as mtsp
+
+    mtsp.convert(target, [("eagle", eagle_mode_config(target, arch))])
+    module = target.eagle_module
+    _match_trtllm_first_layer(module)
+    with torch.no_grad():
+        lm_head = target.get_output_embeddings().weight
+        if hasattr(module, "d2t"):
+            assert d2t is not None and d2t.shape == module.d2t.shape
+            module.d2t.copy_(d2t)
+            rows = torch.arange(len(d2t)) + d2t
+            module.lm_head.weight.copy_(lm_head[rows])
+        elif hasattr(module, "lm_head"):
+            module.lm_head.weight.copy_(lm_head)
+        final_norm = getattr(target.get_decoder(), "norm", None)
+        if hasattr(module, "norm") and final_norm is not None:
+            module.norm.weight.copy_(final_norm.weight)
+    return target
+
+
+def draft_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.eagle_module.parameters() if p.requires_grad]

@@ -1,0 +1,180 @@
+"""ModelOpt FP8 post-training quantization: the config, calibration, export and its fix-ups.
+
+Everything that calls `modelopt` for the quantize stage lives here; the stage module only
+orchestrates. Imports of torch / modelopt stay inside functions (the stage module imports this
+at CLI start-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fnmatch
+import io
+import json
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.errors import UserError
+from trtbuild.progress import Progress
+from trtbuild.safetensors_header import read_header
+
+if TYPE_CHECKING:
+    import torch
+
+# Files of a Hugging Face tokenizer that a runtime needs next to the weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json")
+
+# Entries of ModelOpt's FP8 preset that disable the LM head: our `exclude` list decides instead,
+# so `exclude: []` really quantizes every linear layer.
+_PRESET_LM_HEAD = ("*lm_head*",)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[io.StringIO]:
+    """Keep ModelOpt's prints ("Inserted 56 quantizers", ...) off stdout: `--json` owns stdout."""
+    from transformers.utils import logging as hf_logging
+
+    buffer = io.StringIO()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # ModelOpt's export calls transformers with deprecated arguments
+    try:
+        with contextlib.redirect_stdout(buffer), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"modelopt\..*")
+            yield buffer
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def linear_module_names(model: Any) -> list[str]:
+    import torch
+
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
+def resolve_excludes(model: Any, patterns: list[str]) -> list[str]:
+    """Linear modules matched by the glob patterns. `p` matches a name equal to `p` or ending in `.p`.
+
+    A pattern that matches nothing is a UserError: a typo would otherwise quantize a layer the
+    user meant to keep in high precision.
+    """
+    names = linear_module_names(model)
+    excluded: list[str] = []
+    for pattern in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n, "*." + pattern)]
+        if not hits:
+            examples = ", ".join(names[:3] + names[-1:])
+            raise UserError(f"exclude pattern {pattern!r} matches no linear layer "
+                            f"(names look like: {examples})", field="quantize.exclude")
+        excluded.extend(n for n in hits if n not in excluded)
+    return excluded
+
+
+def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
+    """mtq.FP8_DEFAULT_CFG (per-tensor E4M3 weights and activations, max calibration), plus the
+    FP8 KV-cache preset when asked, with exactly `excluded` linear modules left unquantized."""
+    import modelopt.torch.quantization as mtq
+
+    cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
+    entries = [e for e in cfg["quant_cfg"]
+               if not (e.get("quantizer_name") in _PRESET_LM_HEAD and e.get("enable") is False)]
+    if kv_cache:
+        entries += copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
+    # Later entries win in ModelOpt's list form, so exclusions go last.
+    entries += [{"quantizer_name": f"{name}.*", "enable": False} for name in excluded]
+    cfg["quant_cfg"] = entries
+    return cfg
+
+
+def calibrate(model: Any, cfg: dict[str, Any], batches: torch.Tensor, *, batch_size: int,
+              progress: Progress) -> str:
+    """mtq.quantize with a forward loop over the calibration windows; returns ModelOpt's log."""
+    import modelopt.torch.quantization as mtq
+    import torch
+
+    device = next(model.parameters()).device
+    starts = range(0, batches.shape[0], batch_size)
+
+    def forward_loop(m: Any) -> None:
+        with torch.no_grad(), progress.task("calibrate", total=len(starts)) as bar:
+            for start in starts:
+                m(input_ids=batches[start: start + batch_size].to(device), use_cache=False)
+                bar.advance(1)
+
+    with quiet() as log:
+        mtq.quantize(model, cfg, forward_loop)
+    return log.getvalue()
+
+
+def quantizer_summary(model: Any) -> dict[str, list[str]]:
+    """Which linear layers ended up with enabled weight quantizers, and which did not."""
+    import torch
+
+    quantized, unquantized = [], []
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "weight_quantizer", None)
+        if quantizer is None or not isinstance(module, torch.nn.Linear):
+            continue
+        (quantized if getattr(quantizer, "is_enabled", False) else unquantized).append(name)
+    return {"quantized": quantized, "unquantized": unquantized}
+
+
+def export_hf(model: Any, out: Path) -> None:
+    """ModelOpt's unified HF checkpoint. The export packs weights to FP8 in place: the model can
+    not run afterwards, so take every fake-quant measurement before calling this."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    with quiet():
+        export_hf_checkpoint(model, export_dir=out)
+
+
+def export_trtllm(model: Any, out: Path) -> None:
+    """The legacy TensorRT-LLM checkpoint (config.json + rank0.safetensors) for trtllm-build."""
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from modelopt.torch.export.model_utils import get_model_type
+
+    decoder_type = get_model_type(model)
+    if decoder_type is None:
+        raise UserError(f"ModelOpt cannot export {type(model).__name__} as a TensorRT-LLM checkpoint",
+                        field="quantize.export", fix="use export: hf")
+    with quiet():
+        export_tensorrt_llm_checkpoint(model, decoder_type, export_dir=out, inference_tensor_parallel=1)
+    fix_trtllm_rope(out / "config.json", model.config)
+
+
+def fix_trtllm_rope(config_path: Path, hf_config: Any) -> None:
+    """transformers 5 keeps rope_theta / rope scaling in `rope_parameters`; ModelOpt 0.47's legacy
+    export still reads the top-level `rope_theta` / `rope_scaling`, finds neither and writes no
+    `rotary_base`, so trtllm-build would fall back to 10000 (wrong for e.g. Llama 3's 500000)."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        return
+    config = json.loads(config_path.read_text())
+    config["rotary_base"] = float(params["rope_theta"])
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default" and not config.get("rotary_scaling"):
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type")}
+        config["rotary_scaling"] = {"type": rope_type, **scaling}
+    config_path.write_text(json.dumps(config, indent=4))
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def weight_bytes(directory: Path) -> int:
+    """Bytes of all tensors in a checkpoint directory (from headers, without reading the data)."""
+    total = 0
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        total += sum(end - start for start, end in (t["data_offsets"] for t in read_header(file).values()))
+    return total

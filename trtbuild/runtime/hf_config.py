@@ -1,0 +1,149 @@
+"""Reads a Hugging Face Llama directory's config.json (and ModelOpt's hf_quant_config.json).
+
+Only the Llama family is supported: the tiny target and Llama 3.x. Anything else is refused
+with a one-line `UserError` naming the architecture, before any weight is read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtbuild.errors import UserError
+
+LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """What ModelOpt's unified export says about the checkpoint's quantization."""
+
+    quant_algo: str | None = None  # "FP8" or None
+    kv_cache_quant_algo: str | None = None  # "FP8" or None
+    exclude_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The shape of a Llama decoder stack (target or the EAGLE-3 draft's single layer)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    eos_token_ids: tuple[int, ...]
+    raw: dict[str, Any] = field(repr=False, compare=False, hash=False, default_factory=dict)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError("no config.json in the model directory", file=str(path.parent),
+                        fix="point at a Hugging Face model directory") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"not valid JSON ({exc.msg} at line {exc.lineno})", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise UserError("config is not a JSON object", file=str(path))
+    return data
+
+
+def _eos_ids(cfg: dict[str, Any], model_dir: Path) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (cfg, _generation_config(model_dir)):
+        value = source.get("eos_token_id")
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, list):
+            ids.extend(v for v in value if isinstance(v, int))
+    return tuple(dict.fromkeys(ids))
+
+
+def _generation_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def spec_from_config(cfg: dict[str, Any], model_dir: Path, *, file: str) -> LlamaSpec:
+    """Builds a `LlamaSpec`, refusing configs our runtime cannot execute faithfully."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise UserError(f"hidden_act {act!r} is not supported (Llama uses silu)", file=file,
+                        field="hidden_act")
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        spec = LlamaSpec(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg.get("num_hidden_layers", 1)),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            eos_token_ids=_eos_ids(cfg, model_dir),
+            raw=cfg,
+        )
+    except KeyError as exc:
+        raise UserError(f"config.json lacks {exc.args[0]!r}", file=file, field=str(exc.args[0])) from None
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"config.json has a bad value ({exc})", file=file) from None
+    if spec.num_heads % spec.num_kv_heads:
+        raise UserError(f"num_attention_heads {spec.num_heads} is not a multiple of num_key_value_heads "
+                        f"{spec.num_kv_heads}", file=file, field="num_key_value_heads")
+    return spec
+
+
+def read_target_config(model_dir: Path) -> tuple[LlamaSpec, QuantInfo]:
+    """Config of a target directory: a Llama, unquantized or ModelOpt FP8."""
+    path = model_dir / "config.json"
+    cfg = read_json(path)
+    archs = cfg.get("architectures") or []
+    model_type = cfg.get("model_type")
+    if not any(a in LLAMA_ARCHITECTURES for a in archs) and not (not archs and model_type == "llama"):
+        name = ", ".join(archs) if archs else f"model_type {model_type!r}"
+        raise UserError(f"architecture {name} is not supported by the trtbuild runtime (Llama only)",
+                        file=str(path), field="architectures",
+                        fix="use a LlamaForCausalLM checkpoint, or serve this model through TensorRT-LLM")
+    return spec_from_config(cfg, model_dir, file=str(path)), read_quant_info(model_dir, cfg)
+
+
+def read_quant_info(model_dir: Path, cfg: dict[str, Any]) -> QuantInfo:
+    """hf_quant_config.json first (as TRT-LLM does), then config.json's quantization_config."""
+    path = model_dir / "hf_quant_config.json"
+    if path.is_file():
+        quant = read_json(path).get("quantization") or {}
+    else:
+        quant = cfg.get("quantization_config") or {}
+    if not isinstance(quant, dict):
+        quant = {}
+    algo = quant.get("quant_algo")
+    kv_algo = quant.get("kv_cache_quant_algo")
+    if kv_algo is None and isinstance(quant.get("kv_cache_scheme"), dict):
+        kv_algo = "FP8"  # compressed-tensors style mirror written into config.json by ModelOpt
+    for name, value in (("quant_algo", algo), ("kv_cache_quant_algo", kv_algo)):
+        if value not in (None, "FP8"):
+            raise UserError(f"{name} {value!r} is not supported by the trtbuild runtime (FP8 only)",
+                            file=str(path if path.is_file() else model_dir / "config.json"), field=name)
+    exclude = quant.get("exclude_modules") or quant.get("ignore") or []
+    return QuantInfo(algo, kv_algo, tuple(str(x) for x in exclude))

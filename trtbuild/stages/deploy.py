@@ -1,0 +1,150 @@
+"""deploy stage: Triton Inference Server model repositories for the engine bundle.
+
+Targets:
+- `trtllm`: a repository for TensorRT-LLM's Triton backend. engine.backend pytorch: the LLM-API
+  python model (`<model_name>/1/model.yaml` = the bundle's LLM() arguments + `triton_config`);
+  engine.backend tensorrt: the inflight-batcher ensemble (preprocessing, tensorrt_llm,
+  postprocessing, ensemble, optionally tensorrt_llm_bls) with every parameter filled. Paths are
+  written as the server sees them, with the bundle mounted at `deploy.trtllm.bundle_mount`; the
+  launchers (`launch/`) start the Triton TRT-LLM container on one GPU or under mpirun.
+- `local`: a python-backend model serving the project's own runtime (speculative decoding on when
+  the bundle has a draft), so a deployment can be rehearsed, tested and measured on CPU with the
+  tritonserver bundled in nvidia-pytriton (`trtbuild serve`).
+
+Artifact: `repo_trtllm/`, `repo_local/`, `launch/`, `bundle` (a relative link to the engine
+artifact's bundle) and `deploy.json` (what is where). Every config.pbtxt is parsed back into
+Triton's ModelConfig; no `${...}` placeholder can be left.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
+
+Target = Literal["trtllm", "local"]
+RESERVED_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
+
+
+class TokenizerOptions(StageConfig):
+    path: str | None = Field(default=None, description="local target: another tokenizer directory "
+                             "(relative to the recipe); default, and always for trtllm: the bundle's "
+                             "tokenizer.")
+    add_special_tokens: bool = Field(default=True, description="Add BOS etc. when encoding prompts "
+                                     "(preprocessing add_special_tokens).")
+    skip_special_tokens: bool = Field(default=True, description="Drop special tokens when decoding "
+                                      "(postprocessing skip_special_tokens).")
+
+
+class TrtllmTargetOptions(StageConfig):
+    image: str = Field(default="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3",
+                       description="Triton TRT-LLM container image the launchers run (its TensorRT-LLM "
+                       "must match the one the bundle targets).")
+    bundle_mount: str = Field(default="/bundle", description="Where the server sees the bundle: every "
+                              "path in the repository is written under it (the container launcher mounts "
+                              "the bundle there; on a bare host, give the bundle's absolute path).")
+    all_models_dir: str = Field(default="/app/all_models", description="TensorRT-LLM's Triton models in the "
+                                "image; the launcher copies their model.py files into the repository.")
+    bls: bool = Field(default=False, description="backend tensorrt: also write tensorrt_llm_bls (the BLS "
+                      "alternative to the ensemble).")
+    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = Field(
+        default="guaranteed_no_evict", description="backend tensorrt: the executor's capacity scheduler.")
+    enable_chunked_context: bool = Field(default=False, description="backend tensorrt: chunked prefill "
+                                         "(needs an engine built with paged context FMHA).")
+    exclude_input_in_output: bool = Field(default=True, description="Return only the generated text.")
+    logits_datatype: Literal["TYPE_FP32", "TYPE_FP16", "TYPE_BF16"] = Field(
+        default="TYPE_FP32", description="backend tensorrt: data type of the logits outputs.")
+    cancellation_check_period_ms: int = Field(default=100, ge=1, description="How often cancelled "
+                                              "requests are looked for.")
+
+
+class LocalTargetOptions(StageConfig):
+    speculative: bool = Field(default=True, description="Use the bundle's EAGLE-3 draft (when it has one); "
+                              "greedy output is identical either way, only faster.")
+    speculation: Literal["chain", "tree"] = Field(default="chain", description="Draft shape: a chain of "
+                                                  "max_draft_len tokens or a tree.")
+    default_max_tokens: int = Field(default=64, ge=1, description="Tokens generated when a request does not "
+                                    "say (max_tokens).")
+    max_tokens_limit: int = Field(default=1024, ge=1, description="Requests asking for more are refused "
+                                  "(HTTP 400).")
+    num_threads: int | None = Field(default=None, ge=1, description="torch threads of the model process "
+                                    "(default: torch's own choice).")
+
+
+class DeployConfig(StageConfig):
+    target: list[Target] = Field(default_factory=lambda: ["local", "trtllm"], description="Repositories to "
+                                 "write: trtllm (TensorRT-LLM's Triton backend) and/or local (the project's "
+                                 "runtime behind the python backend, for CPU rehearsal).")
+    model_name: str = Field(default="llm", description="Name clients call (/v2/models/<name>/generate).")
+    max_batch_size: int | None = Field(default=None, ge=1, description="Most requests batched together; "
+                                       "default and upper bound: the engine's max_batch_size.")
+    instance_count: int = Field(default=1, ge=1, description="Model instances (instance_group count).")
+    decoupled: bool = Field(default=True, description="Decoupled transaction policy: token streaming "
+                            "(generate_stream, gRPC streams). Plain HTTP /infer needs it off.")
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Dynamic batcher: how long a "
+                                              "request may wait for others to batch with.")
+    max_queue_size: int = Field(default=0, ge=0, description="Requests queued before new ones are refused "
+                                "(0: unbounded).")
+    tokenizer: TokenizerOptions = Field(default_factory=TokenizerOptions, description="Tokenizer options.")
+    http_port: int = Field(default=8000, ge=1, le=65535, description="HTTP port (127.0.0.1 for `serve`).")
+    grpc_port: int = Field(default=8001, ge=1, le=65535, description="gRPC port.")
+    metrics_port: int = Field(default=8002, ge=1, le=65535, description="Prometheus metrics port.")
+    exit_timeout_s: int = Field(default=30, ge=1, description="On shutdown, how long in-flight requests may "
+                                "take to finish.")
+    trtllm: TrtllmTargetOptions = Field(default_factory=TrtllmTargetOptions, description="trtllm target.")
+    local: LocalTargetOptions = Field(default_factory=LocalTargetOptions, description="local target.")
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("target")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one target: trtllm, local")
+        return list(dict.fromkeys(value))
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+            raise ValueError(f"'{value}' is not a usable model name (letters, digits, _ . -)")
+        if value in RESERVED_NAMES:
+            raise ValueError(f"'{value}' is taken by a TensorRT-LLM repository model")
+        return value
+
+
+class DeployStage(Stage):
+    """Triton model repositories (TRT-LLM backend and/or the local runtime) and their launchers."""
+
+    name = "deploy"
+    config_cls = DeployConfig
+    depends_on = ("engine",)
+    libraries = ("tritonclient", "protobuf")
+    # The modules whose output is the artifact (clients, bench and server do not change it).
+    code_modules = ("trtbuild.triton.deploy", "trtbuild.triton.pbtxt", "trtbuild.triton.bundle_info",
+                    "trtbuild.triton.ifb_schema", "trtbuild.triton.repo_trtllm", "trtbuild.triton.repo_local",
+                    "trtbuild.triton.local_model", "trtbuild.triton.launch")
+
+    def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
+        assert isinstance(config, DeployConfig)
+        problems = []
+        engine = recipe.stage_config("engine")
+        if engine is not None and config.max_batch_size and config.max_batch_size > engine.max_batch_size:
+            problems.append(f"deploy.max_batch_size: {config.max_batch_size} exceeds engine.max_batch_size "
+                            f"{engine.max_batch_size} (fix: lower it or raise the engine's)")
+        ports = [config.http_port, config.grpc_port, config.metrics_port]
+        if len(set(ports)) != 3:
+            problems.append(f"deploy: http/grpc/metrics ports must differ, got {ports}")
+        return problems
+
+    def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
+        assert isinstance(config, DeployConfig)
+        from trtbuild.triton.deploy import build_deployment
+
+        return build_deployment(config, ctx)

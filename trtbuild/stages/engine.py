@@ -1,0 +1,166 @@
+"""engine stage: the TensorRT-LLM deployable bundle.
+
+Reads the target (the quantize stage's export when the recipe quantizes, else the model stage's
+HF directory) and the EAGLE-3 draft when there is one, and writes `bundle/`:
+
+    target/                the checkpoint TensorRT-LLM loads (files hard-linked, not copied)
+    target-<arch>/         the same checkpoint with weights in a plugin's layout, per GPU arch
+    draft/                 the EAGLE-3 draft
+    llm_api_options.yaml   LLM() arguments (trtllm-serve --config), validated by a typed model
+    launch/                serve.sh (one node), mpirun.sh and slurm.sbatch (several nodes)
+    build/                 backend tensorrt: checkpoint conversion + trtllm-build commands
+    plugins/               each plugin's AOT cubins (+ SASS report) and TRT-LLM python plugin
+    bundle.json            what is where, for the deploy stage and for people
+
+When `tensorrt_llm` is importable the stage also runs the real engine build (backend tensorrt)
+and a load check; when it is not, it says so in one line and still writes the bundle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
+
+
+class KvCacheSettings(StageConfig):
+    free_gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0, description="Share of the GPU "
+                                            "memory left after weights that the KV cache takes "
+                                            "(kv_cache_config.free_gpu_memory_fraction).")
+    enable_block_reuse: bool = Field(default=True, description="Reuse KV blocks of shared prefixes "
+                                     "(kv_cache_config.enable_block_reuse).")
+    dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field(
+        default="auto", description="KV cache dtype; auto follows the checkpoint (FP8 when the quantize "
+        "stage calibrated FP8 KV scales).")
+    tokens_per_block: int = Field(default=32, ge=1, description="Tokens per paged KV block.")
+
+
+class SlurmSettings(StageConfig):
+    partition: str | None = Field(default=None, description="#SBATCH -p.")
+    account: str | None = Field(default=None, description="#SBATCH -A.")
+    time_limit: str = Field(default="01:00:00", description="#SBATCH -t (HH:MM:SS).")
+    job_name: str = Field(default="trtllm-serve", description="#SBATCH -J.")
+
+
+class LauncherSettings(StageConfig):
+    nodes: int = Field(default=1, ge=1, description="Nodes the deployment spans; > 1 uses mpirun or Slurm.")
+    gpus_per_node: int = Field(default=8, ge=1, description="GPUs per node (one MPI rank each).")
+    host: str = Field(default="localhost", description="Address trtllm-serve binds (TRTBUILD_HOST "
+                      "overrides at launch).")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port of trtllm-serve (TRTBUILD_PORT "
+                      "overrides at launch).")
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="sbatch settings.")
+    container_image: str | None = Field(default=None, description="Container with TensorRT-LLM for srun "
+                                        "--container-image (pyxis): nvcr.io/nvidia/tensorrt-llm/release.")
+    container_mounts: list[str] = Field(default_factory=list, description="Extra SRC:DST mounts for the "
+                                        "container (the bundle itself is always mounted).")
+
+
+class LegacySettings(StageConfig):
+    dtype: Literal["auto", "bfloat16", "float16"] = Field(
+        default="auto", description="Activation dtype of convert_checkpoint.py; auto: the model's.")
+    extra_flags: list[str] = Field(default_factory=list, description="Appended to trtllm-build, e.g. "
+                                   "['--multiple_profiles', 'enable'].")
+
+
+class EngineConfig(StageConfig):
+    backend: Literal["pytorch", "tensorrt"] = Field(
+        default="pytorch", description="pytorch: TRT-LLM's LLM-API path, loads the HF checkpoint directly; "
+        "tensorrt: the legacy trtllm-build engine (for releases that still ship it).")
+    max_batch_size: int = Field(default=8, ge=1, description="Most requests in flight (max_batch_size).")
+    max_seq_len: int | None = Field(default=None, ge=1, description="Prompt + output tokens per request; "
+                                    "default: the model's max_position_embeddings.")
+    max_num_tokens: int = Field(default=8192, ge=1, description="Most tokens in one forward pass "
+                                "(max_num_tokens); with speculation each request needs 1 + draft_len.")
+    tensor_parallel: int = Field(default=1, ge=1, description="Tensor parallel size (tensor_parallel_size).")
+    pipeline_parallel: int = Field(default=1, ge=1, description="Pipeline parallel size.")
+    expert_parallel: int = Field(default=1, ge=1, description="Expert parallel size of MoE layers "
+                                 "(moe_expert_parallel_size); must divide tensor_parallel.")
+    enable_attention_dp: bool = Field(default=False, description="Data-parallel attention across the "
+                                      "tensor-parallel ranks (MoE throughput setups).")
+    enable_min_latency: bool = Field(default=False, description="TRT-LLM's min-latency mode (Llama 4).")
+    enable_autotuner: bool = Field(default=True, description="Autotune kernels at server start.")
+    cuda_graphs: bool | list[int] = Field(
+        default=True, description="true: CUDA graphs for batch sizes up to max_batch_size; a list: exactly "
+        "those batch sizes; false: off (cuda_graph_config: null).")
+    cuda_graph_padding: bool = Field(default=False, description="Pad batches up to a captured size.")
+    kv_cache: KvCacheSettings = Field(default_factory=KvCacheSettings, description="KV cache options.")
+    draft_len: int | None = Field(default=None, ge=1, description="Draft tokens per step at serve time "
+                                  "(speculative_config.max_draft_len); default: draft.max_draft_len.")
+    eagle3_one_model: bool = Field(default=True, description="Run the EAGLE-3 draft inside the target's "
+                                   "executor (faster) rather than as a second model.")
+    plugins: list[str] = Field(default_factory=list, description="trtbuild GEMM plugins to apply "
+                               "(weight transform + AOT kernels), e.g. [gemm_weight_shuffle].")
+    require_tensorrt_llm: bool = Field(default=False, description="Fail when tensorrt_llm is not importable "
+                                       "instead of writing the bundle without the build / load check.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment of the server process, "
+                                "e.g. {TRTLLM_ENABLE_PDL: '1'}.")
+    llm_api_options: dict[str, Any] = Field(default_factory=dict, description="Further LLM() arguments "
+                                            "merged into llm_api_options.yaml (checked against the typed "
+                                            "model: unknown keys are errors).")
+    launcher: LauncherSettings = Field(default_factory=LauncherSettings, description="Launch scripts.")
+    legacy: LegacySettings = Field(default_factory=LegacySettings, description="backend tensorrt only.")
+
+    @field_validator("cuda_graphs")
+    @classmethod
+    def _graph_sizes(cls, value: bool | list[int]) -> bool | list[int]:
+        if isinstance(value, list) and (not value or any(b < 1 for b in value)):
+            raise ValueError("cuda_graphs: give true, false or a non-empty list of positive batch sizes")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        import re
+
+        bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"'{bad[0]}' is not an environment variable name")
+        return env
+
+    @field_validator("llm_api_options")
+    @classmethod
+    def _options_known(cls, options: dict[str, Any]) -> dict[str, Any]:
+        import difflib
+
+        from trtbuild.trtllm.llm_args import LlmApiOptions
+
+        known = sorted(LlmApiOptions.model_fields)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            guess = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f"did you mean '{guess[0]}'?" if guess else f"known: {', '.join(known)}"
+            raise ValueError(f"'{unknown[0]}' is not an LLM() argument trtbuild knows; {hint}")
+        return options
+
+
+class EngineStage(Stage):
+    """TensorRT-LLM bundle: LLM-API options, launchers, legacy trtllm-build commands, plugins."""
+
+    name = "engine"
+    config_cls = EngineConfig
+    depends_on = ("model",)
+    optional_inputs = ("quantize", "draft")
+    libraries = ("tensorrt-llm", "safetensors", "torch", "triton")
+    code_modules = ("trtbuild.trtllm", "trtbuild.plugins", "trtbuild.safetensors_header")
+
+    def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
+        assert isinstance(config, EngineConfig)
+        from trtbuild.trtllm.bundle import plugin_key_material
+
+        # The archs decide the AOT cubins and the weight layouts; the plugin sources decide both.
+        return {"gpu_archs": list(recipe.gpu_archs), "plugins": plugin_key_material(config.plugins)}
+
+    def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
+        assert isinstance(config, EngineConfig)
+        from trtbuild.trtllm.checks import engine_problems
+
+        return engine_problems(config, recipe)
+
+    def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
+        assert isinstance(config, EngineConfig)
+        from trtbuild.trtllm.bundle import build_bundle
+
+        return build_bundle(config, ctx)

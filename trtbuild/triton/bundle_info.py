@@ -1,0 +1,88 @@
+"""What the deploy stage reads from the engine bundle: bundle.json and llm_api_options.yaml.
+
+The engine stage (trtbuild/trtllm/bundle.py) describes its bundle in bundle.json: which
+directory TensorRT-LLM serves (`model`: target/ or engine/), the tokenizer, the draft, the
+parallel sizes and the server environment. The LLM() arguments (batch size, draft length, KV
+cache) are read through the engine's own typed model, so both stages agree on every key.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtbuild.errors import BuildError
+
+BUNDLE_FORMAT_PREFIX = "trtbuild-engine-bundle/"
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    root: Path
+    backend: str  # "pytorch" | "tensorrt"
+    served: str  # directory TRT-LLM loads, relative to root ("target" or "engine")
+    tokenizer: str  # relative to root
+    draft: str | None  # relative to root, None without speculative decoding
+    options: Any  # trtbuild.trtllm.llm_args.LlmApiOptions
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    engine_dir: str | None = None  # backend tensorrt: where trtllm-build writes the engine
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def max_batch_size(self) -> int | None:
+        return self.options.max_batch_size
+
+    @property
+    def max_draft_len(self) -> int | None:
+        spec = self.options.speculative_config
+        return spec.max_draft_len if spec is not None else None
+
+    @property
+    def hf_checkpoint(self) -> str | None:
+        """A Hugging Face directory the project's runtime can load (target/ for pytorch, hf/ if any)."""
+        for rel in ("target", "hf"):
+            cfg = self.root / rel / "config.json"
+            if cfg.is_file():
+                try:
+                    data = json.loads(cfg.read_text())
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(data, dict) and data.get("architectures"):
+                    return rel
+        return None
+
+    def mapped(self, rel: str, mount: str) -> str:
+        """A bundle-relative path as the server sees it with the bundle at `mount`."""
+        return posixpath.normpath(posixpath.join(mount, rel))
+
+
+def read_bundle(root: Path) -> BundleInfo:
+    from trtbuild.trtllm.llm_args import read_options
+
+    described = root / "bundle.json"
+    try:
+        info = json.loads(described.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BuildError(f"cannot read the engine bundle's description: {exc}", file=str(described),
+                         fix="rebuild the engine stage (trtbuild engine RECIPE --force engine)") from None
+    if not str(info.get("format", "")).startswith(BUNDLE_FORMAT_PREFIX):
+        raise BuildError(f"unknown bundle format {info.get('format')!r}", file=str(described),
+                         fix="rebuild the engine stage with this version of trtbuild")
+    options = read_options(root / info.get("llm_api_options", "llm_api_options.yaml"))
+    parallel = info.get("parallel") or {}
+    legacy = info.get("legacy") or {}
+    served = info.get("model") or "target"
+    return BundleInfo(
+        root=root, backend=info.get("backend", "pytorch"), served=served,
+        tokenizer=info.get("tokenizer") or served, draft=info.get("draft"), options=options,
+        tensor_parallel=int(parallel.get("tensor", options.tensor_parallel_size)),
+        pipeline_parallel=int(parallel.get("pipeline", options.pipeline_parallel_size)),
+        env=dict(info.get("env") or {}), engine_dir=legacy.get("engine_dir"))

@@ -1,0 +1,375 @@
+"""Run the `tritonserver` bundled in the nvidia-pytriton wheel directly on our model repositories.
+
+What PyTriton does to start its bundled server, and so what we do (pytriton/triton.py,
+pytriton/server/triton_server.py):
+- the python backend looks for `triton_python_backend_stub` next to `libtriton_python.so` in the
+  backend directory; the wheel ships one stub per Python version in `python_backend_stubs/<x.y>/`,
+  so we assemble a backend directory (symlinks) holding the stub of the running interpreter;
+- the server's shared libraries live in `nvidia_pytriton.libs`, added to LD_LIBRARY_PATH; the stub
+  embeds libpython, so the running interpreter's libdir goes first on LD_LIBRARY_PATH;
+- the stub's interpreter finds its prefix from PATH: the environment's `bin` goes first, which
+  makes the stub use this virtual environment's site-packages (torch, the runtime).
+
+The server binds 127.0.0.1 only. SIGINT/SIGTERM make tritonserver stop accepting requests, finish
+the ones in flight (up to `exit_timeout_s`), unload the models (their stubs exit) and exit; if
+anything of its process group is still alive after that, it is killed, so no child outlives `stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtbuild.errors import BuildError, UserError
+
+HOST = "127.0.0.1"
+# Error lines every CPU-only start prints; they are not why a start failed.
+_BENIGN = ("CudaDriverHelper has not been initialized",)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the trtbuild package
+
+
+@dataclass(frozen=True)
+class TritonDist:
+    """Where the bundled server's pieces are."""
+
+    root: Path  # pytriton/tritonserver
+    libs: Path  # nvidia_pytriton.libs
+
+    @property
+    def binary(self) -> Path:
+        return self.root / "bin" / "tritonserver"
+
+    def stub(self, version: str | None = None) -> Path:
+        version = version or f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return self.root / "python_backend_stubs" / version / "triton_python_backend_stub"
+
+
+def find_dist() -> TritonDist:
+    """Locate the tritonserver of the installed nvidia-pytriton wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("nvidia-pytriton is not installed, so there is no local tritonserver",
+                        fix="pip install nvidia-pytriton (it bundles tritonserver and the python backend)")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    dist = TritonDist(root=package / "tritonserver", libs=package.parent / "nvidia_pytriton.libs")
+    if not dist.libs.is_dir():  # editable installs keep the libraries inside the package
+        dist = TritonDist(root=dist.root, libs=dist.root / "external_libs")
+    if not dist.binary.is_file():
+        raise UserError(f"no tritonserver binary at {dist.binary}", fix="reinstall nvidia-pytriton")
+    if not dist.stub().is_file():
+        raise UserError(f"nvidia-pytriton has no python backend stub for Python "
+                        f"{sys.version_info[0]}.{sys.version_info[1]}", fix="use Python 3.8 to 3.13")
+    return dist
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    host: str = HOST
+
+    @property
+    def http(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def lines(self, models: Sequence[str] = ()) -> list[str]:
+        out = [f"HTTP     http://{self.http}  (KServe v2: /v2/models/<model>/infer, "
+               "/generate, /generate_stream)",
+               f"gRPC     {self.grpc}  (KServe v2 + streaming)",
+               f"metrics  {self.metrics}"]
+        for name in models:
+            out.append(f"model    {name}: POST http://{self.http}/v2/models/{name}/generate "
+                       "'{\"text_input\": \"...\", \"max_tokens\": 32}'")
+        return out
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex((HOST, port)) == 0
+
+
+def server_env(dist: TritonDist) -> dict[str, str]:
+    env = os.environ.copy()
+    libdir = sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(dist.libs), env.get("LD_LIBRARY_PATH"))
+                                             if p)
+    env["PATH"] = os.pathsep.join((str(Path(sys.prefix) / "bin"), env.get("PATH", "")))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def prepare_backends(dist: TritonDist, where: Path) -> Path:
+    """A backend directory with the python backend and the stub matching this interpreter."""
+    python = where / "backends" / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    src = dist.root / "backends" / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (python / name).symlink_to(src / name)
+    (python / "triton_python_backend_stub").symlink_to(dist.stub())
+    return where / "backends"
+
+
+class TritonServer:
+    """One tritonserver process on 127.0.0.1. Use as a context manager or start()/stop()."""
+
+    def __init__(self, repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int = 8001,
+                 metrics_port: int = 8002, log_file: Path | None = None, exit_timeout_s: int = 30,
+                 auto_complete_config: bool = False, log_verbose: int = 0) -> None:
+        self.repositories = [Path(r).resolve() for r in repositories]
+        ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
+        self.endpoints = Endpoints(*ports)
+        self.exit_timeout_s = exit_timeout_s
+        self.auto_complete_config = auto_complete_config
+        self.log_verbose = log_verbose
+        self._log_file = log_file
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_path: Path | None = None
+        self.last_pid: int | None = None  # the server's pid (and process group), kept after stop()
+        self._failed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def command(self, backend_dir: Path, dist: TritonDist) -> list[str]:
+        cmd = [str(dist.binary)]
+        for repo in self.repositories:
+            cmd.append(f"--model-repository={repo}")
+        cmd += [
+            f"--backend-directory={backend_dir}",
+            f"--http-address={HOST}", f"--http-port={self.endpoints.http_port}",
+            f"--grpc-address={HOST}", f"--grpc-port={self.endpoints.grpc_port}",
+            "--allow-metrics=true", f"--metrics-address={HOST}",
+            f"--metrics-port={self.endpoints.metrics_port}",
+            "--allow-gpu-metrics=false",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            "--exit-on-error=true", "--strict-readiness=true",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        if not self.auto_complete_config:
+            cmd.append("--disable-auto-complete-config")
+        return cmd
+
+    def start(self, ready_timeout_s: float = 180.0) -> Endpoints:
+        for repo in self.repositories:
+            if not repo.is_dir():
+                raise UserError(f"model repository not found: {repo}",
+                                fix="run `trtbuild deploy RECIPE` first")
+        for port in (self.endpoints.http_port, self.endpoints.grpc_port, self.endpoints.metrics_port):
+            if _port_in_use(port):
+                raise UserError(f"port {port} on {HOST} is already in use",
+                                fix="stop what listens there or choose other ports (deploy.http_port, ...)")
+        dist = find_dist()
+        self._workdir = tempfile.TemporaryDirectory(prefix="trtbuild-triton-")
+        work = Path(self._workdir.name)
+        backend_dir = prepare_backends(dist, work)
+        if self._log_file is None:
+            # Outside the work dir, so it outlives a failed start; a clean stop removes it.
+            fd, name = tempfile.mkstemp(prefix="trtbuild-tritonserver-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        else:
+            self._log_path = self._log_file
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_path, "wb") as log:
+            # Own session: the server's process group holds it and its python stubs, so stop()
+            # can make sure none of them is left behind.
+            self._proc = subprocess.Popen(self.command(backend_dir, dist), stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=server_env(dist), cwd=work, start_new_session=True)
+        self.last_pid = self._proc.pid
+        try:
+            self._wait_ready(ready_timeout_s)
+        except BaseException:
+            self._failed = True
+            self.stop(timeout_s=10)
+            raise
+        return self.endpoints
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        url = f"http://{self.endpoints.http}/v2/health/ready"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise BuildError(f"tritonserver exited with code {self._proc.returncode} while starting: "
+                                 f"{self.failure_summary()}", fix=f"see the log {self._log_path}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.2)
+        raise BuildError(f"tritonserver not ready after {timeout_s:.0f} s: {self.failure_summary()}",
+                         fix=f"see the log {self._log_path}")
+
+    def failure_summary(self) -> str:
+        """The most telling log line, for one-line messages: why a model failed to load, else the
+        first error line that is not one of the CPU-only start-up notices."""
+        lines = self.log_text().splitlines()
+        glog_errors = [line for line in lines if re.match(r"E\d{4} ", line)]  # E1202 12:00:00.000 ...
+        failed = [line for line in glog_errors if "failed to load" in line]
+        telling = [line for line in glog_errors if not any(n in line for n in _BENIGN)]
+        # Other lines naming an error, except the start-up options table (`| exit_on_error | 1 |`).
+        others = [line for line in lines if "error" in line.lower() and "|" not in line]
+        picked = (failed or telling or others or lines[-1:] or ["no output"])[0]
+        picked = re.sub(r"^E\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ", "", picked)  # the glog prefix
+        picked = picked.split("\\n")[0].strip().strip('"')  # the message, without the traceback
+        return picked[:400]
+
+    def log_text(self) -> str:
+        if self._log_path is None or not self._log_path.is_file():
+            return ""
+        return self._log_path.read_text(errors="replace")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """Graceful stop (SIGINT: drain in-flight requests), then make sure nothing is left."""
+        proc, self._proc = self._proc, None
+        code = None
+        if proc is not None:
+            timeout_s = timeout_s if timeout_s is not None else self.exit_timeout_s + 15
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            _kill_group(proc.pid)
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        if (self._log_file is None and self._log_path is not None and code == 0 and not self._failed
+                and self._log_path.is_file()):
+            self._log_path.unlink()
+        return code
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in a process group (read from /proc; zombies excluded)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
+    """Stubs exit on their own once the server is gone; give them a moment, then kill the rest."""
+    deadline = time.monotonic() + grace_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if group_members(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int = 8001,
+          metrics_port: int = 8002, models: Sequence[str] = (), exit_timeout_s: int = 30,
+          log_file: Path | None = None, echo: Callable[[str], None] = print, ready_timeout_s: float = 300.0,
+          stop_event: threading.Event | None = None) -> int:
+    """`trtbuild serve`: start, print the endpoints, block until SIGINT/SIGTERM, stop gracefully.
+
+    Returns tritonserver's exit code (0 after a clean shutdown). `stop_event` lets a caller
+    (or a test) ask for the same shutdown without a signal.
+    """
+    stop = stop_event or threading.Event()
+    server = TritonServer(repositories, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                          exit_timeout_s=exit_timeout_s, log_file=log_file)
+    previous = {}
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        endpoints = server.start(ready_timeout_s=ready_timeout_s)
+        echo(f"tritonserver ready (pid {server.pid}); Ctrl-C stops it")
+        for line in endpoints.lines(models):
+            echo("  " + line)
+        while not stop.wait(0.5):
+            if not server.is_running():
+                raise BuildError(f"tritonserver exited unexpectedly: {server.failure_summary()}")
+        echo("stopping: draining in-flight requests ...")
+        code = server.stop()
+        echo(f"tritonserver stopped (exit code {code})")
+        return code or 0
+    finally:
+        server.stop(timeout_s=10)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m trtbuild.triton.server REPO [REPO ...]`: serve model repositories on 127.0.0.1."""
+    import argparse
+
+    from trtbuild.errors import TrtbuildError
+
+    parser = argparse.ArgumentParser(prog="python -m trtbuild.triton.server", description=main.__doc__)
+    parser.add_argument("repositories", nargs="+", type=Path)
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--exit-timeout", type=int, default=30, help="seconds in-flight requests may take")
+    parser.add_argument("--log-file", type=Path, default=None)
+    args = parser.parse_args(argv)
+    models = sorted(p.parent.name for repo in args.repositories for p in repo.glob("*/config.pbtxt"))
+    try:
+        return serve(args.repositories, http_port=args.http_port, grpc_port=args.grpc_port,
+                     metrics_port=args.metrics_port, models=models, exit_timeout_s=args.exit_timeout,
+                     log_file=args.log_file)
+    except TrtbuildError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

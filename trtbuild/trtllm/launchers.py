@@ -1,0 +1,145 @@
+"""Shell launchers for a bundle: trtllm-serve on one node, under mpirun, and a Slurm batch script.
+
+All three run from the bundle root, so the relative paths in llm_api_options.yaml (the draft
+directory) resolve the same way everywhere. Multi-node launches wrap the server in
+`trtllm-llmapi-launch` (TRT-LLM's MPI/Slurm entry point, examples/llm-api/llm_mgmn_*.sh), with one
+MPI rank per GPU: the world size must equal tensor_parallel * pipeline_parallel.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """What every launcher starts: `trtllm-serve MODEL` with these flags."""
+
+    model: str  # relative to the bundle root: "target" (PyTorch) or "engine" (TensorRT)
+    backend: str  # "pytorch" | "tensorrt"
+    tensor_parallel: int
+    pipeline_parallel: int
+    expert_parallel: int
+    options_file: str = "llm_api_options.yaml"
+    tokenizer: str | None = None  # TensorRT engines carry no tokenizer
+    trust_remote_code: bool = False
+    custom_module_dirs: tuple[str, ...] = ()  # plugin modules to import at server start
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "localhost"
+    port: int = 8000
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: int = 1
+    gpus_per_node: int = 8
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str = "01:00:00"
+    job_name: str = "trtllm-serve"
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+
+
+def serve_argv(spec: ServeSpec) -> list[str]:
+    """The trtllm-serve command line (host and port come from the environment at launch)."""
+    host = "${TRTBUILD_HOST:-" + spec.host + "}"
+    port = "${TRTBUILD_PORT:-" + str(spec.port) + "}"
+    argv = ["trtllm-serve", f"./{spec.model}", "--backend", spec.backend, "--host", host, "--port", port,
+            "--tp_size", str(spec.tensor_parallel), "--pp_size", str(spec.pipeline_parallel),
+            "--ep_size", str(spec.expert_parallel)]
+    if spec.tokenizer:
+        argv += ["--tokenizer", f"./{spec.tokenizer}"]
+    if spec.trust_remote_code:
+        argv.append("--trust_remote_code")
+    for directory in spec.custom_module_dirs:
+        argv += ["--custom_module_dirs", f"./{directory}"]
+    argv += ["--config", spec.options_file]
+    return argv
+
+
+def _join(argv: list[str], indent: str = "  ") -> str:
+    """One argument per flag per line; `${...}` stays expandable, everything else is quoted."""
+    parts = [a if a.startswith("${") else shlex.quote(a) for a in argv]
+    lines: list[str] = [parts[0]]
+    i = 1
+    while i < len(parts):
+        if parts[i].startswith("-") and i + 1 < len(parts) and not parts[i + 1].startswith("-"):
+            lines.append(f"{parts[i]} {_quote_dollar(parts[i + 1])}")
+            i += 2
+        else:
+            lines.append(_quote_dollar(parts[i]))
+            i += 1
+    return (" \\\n" + indent).join(lines)
+
+
+def _quote_dollar(part: str) -> str:
+    return f'"{part}"' if part.startswith("${") else part
+
+
+def _env_lines(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+
+
+_HEADER = "#!/usr/bin/env bash\n# Written by trtbuild{recipe}. {what}\nset -euo pipefail\n"
+
+
+def single_node_script(spec: ServeSpec, recipe_name: str = "") -> str:
+    recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
+    return (_HEADER.format(recipe=recipe, what=f"Serves this bundle with trtllm-serve on one node "
+                           f"({spec.world_size} GPU{'s' if spec.world_size > 1 else ''}).")
+            + "# Extra trtllm-serve flags may be appended: launch/serve.sh --log_level debug\n"
+            + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
+            + _env_lines(spec.env)
+            + "exec " + _join(serve_argv(spec)) + ' \\\n  "$@"\n')
+
+
+def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
+    """OpenMPI launch over `cluster.nodes` hosts listed in $TRTBUILD_HOSTFILE."""
+    recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
+    exports = " ".join(f"-x {k}" for k in sorted(spec.env))
+    mpirun = ["mpirun", "-np", str(spec.world_size), "--npernode", str(cluster.gpus_per_node),
+              "--hostfile", "${TRTBUILD_HOSTFILE}", "--bind-to", "none", "-wdir", "${PWD}"]
+    return (_HEADER.format(recipe=recipe, what=f"Serves this bundle on {cluster.nodes} nodes x "
+                           f"{cluster.gpus_per_node} GPUs under mpirun.")
+            + "# The bundle must be at the same path on every node (a shared filesystem).\n"
+            + ': "${TRTBUILD_HOSTFILE:?set TRTBUILD_HOSTFILE to an MPI hostfile listing the '
+            + f'{cluster.nodes} nodes}}"\n'
+            + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
+            + _env_lines(spec.env)
+            + "exec " + _join(mpirun) + (f" \\\n  {exports}" if exports else "")
+            + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + ' \\\n    "$@"\n')
+
+
+def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
+    """sbatch script: one task per GPU, srun with PMIx, optionally inside a container (pyxis)."""
+    recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
+    directives = [f"#SBATCH -J {cluster.job_name}", f"#SBATCH -N {cluster.nodes}",
+                  f"#SBATCH --ntasks-per-node={cluster.gpus_per_node}",
+                  f"#SBATCH --gpus-per-node={cluster.gpus_per_node}", f"#SBATCH -t {cluster.time_limit}",
+                  "#SBATCH -o trtllm-serve-%j.out"]
+    if cluster.partition:
+        directives.append(f"#SBATCH -p {cluster.partition}")
+    if cluster.account:
+        directives.append(f"#SBATCH -A {cluster.account}")
+    srun = ["srun", "-l", "--mpi=pmix", "--chdir", "${BUNDLE}"]
+    if cluster.container_image:
+        mounts = ",".join(("${BUNDLE}:${BUNDLE}", *cluster.container_mounts))
+        srun += ["--container-image", cluster.container_image, "--container-mounts", mounts,
+                 "--container-workdir", "${BUNDLE}"]
+    exports = ",".join(("ALL", *sorted(spec.env)))
+    srun += ["--export", exports]
+    script = ("#!/bin/bash\n" + "\n".join(directives) + "\n"
+              + f"# Written by trtbuild{recipe}. Serves this bundle on {cluster.nodes} nodes x "
+              f"{cluster.gpus_per_node} GPUs.\n"
+              + "# Submit from the bundle directory: cd <bundle> && sbatch launch/slurm.sbatch\n"
+              + "set -euo pipefail\n"
+              + 'BUNDLE="${TRTBUILD_BUNDLE:-${SLURM_SUBMIT_DIR:-$PWD}}"\n'
+              + _env_lines(spec.env)
+              + _join(srun) + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + "\n")
+    return script
