@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from quantize_fixtures import make_model_dir
+
 from trtbuild.cache import ArtifactCache
 from trtbuild.cli import main
 

@@ -88,10 +88,15 @@ def plan(recipe: str, overrides: tuple[str, ...], until: str | None, force: tupl
     preflight(loaded)
     steps = pipeline.plan(loaded, _cache(), until=until, force=force)
     data = pipeline.report(loaded, steps, executed=False)
+    from trtbuild.gpu_plan import plan_notes
+
+    data["notes"] = plan_notes(loaded)
     if as_json:
         _print_json(data)
     else:
         _stage_table(f"plan: {loaded.name} -> {data['output_dir']}", data["stages"])
+        for line in data["notes"]:
+            click.echo(line)
 
 
 def _build(recipe: str, overrides: tuple[str, ...], until: str | None, force: tuple[str, ...],
@@ -136,6 +141,106 @@ def _until_command(stage: str) -> None:
 
 for _stage in ("model", "quantize", "draft", "engine", "deploy"):
     _until_command(_stage)
+
+
+def _built(recipe: str, overrides: tuple[str, ...], until: str, progress_enabled: bool) -> tuple[Any, dict]:
+    """Build (usually all cached) up to `until`; return the recipe and {stage: artifact path}."""
+    from trtbuild import pipeline
+    from trtbuild.preflight import preflight
+    from trtbuild.progress import Progress
+
+    loaded = _load(recipe, overrides)
+    preflight(loaded)
+    steps = pipeline.build(loaded, _cache(), Progress.for_terminal(enabled=progress_enabled), until=until)
+    return loaded, {s.name: s.artifact for s in steps if s.artifact is not None}
+
+
+@cli.command()
+@click.argument("recipe")
+@_set_option
+@click.option("--http-port", type=int, default=None, help="Default: deploy.http_port (0 = a free port).")
+@click.option("--grpc-port", type=int, default=None, help="Default: deploy.grpc_port.")
+@click.option("--metrics-port", type=int, default=None, help="Default: deploy.metrics_port.")
+def serve(recipe: str, overrides: tuple[str, ...], http_port: int | None, grpc_port: int | None,
+          metrics_port: int | None) -> None:
+    """Build the recipe if needed, then serve its deployment with a real Triton server on 127.0.0.1."""
+    from trtbuild.triton.commands import serve_deployment
+
+    loaded, artifacts = _built(recipe, overrides, "deploy", True)
+    if "deploy" not in artifacts:
+        raise UserError("the recipe has no deploy stage", file=recipe, field="deploy",
+                        fix="add a `deploy:` section")
+    code = serve_deployment(artifacts["deploy"], http_port=http_port, grpc_port=grpc_port,
+                            metrics_port=metrics_port, echo=click.echo)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("recipe")
+@_set_option
+@click.option("--max-tokens", type=int, default=32, show_default=True)
+def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
+    """Serve the built deployment on free ports, answer one request, print a load-test table, stop."""
+    from trtbuild.triton.commands import demo as run_demo
+
+    loaded, artifacts = _built(recipe, overrides, "deploy", True)
+    if "deploy" not in artifacts:
+        raise UserError("the recipe has no deploy stage", file=recipe, field="deploy",
+                        fix="add a `deploy:` section")
+    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo,
+             out_dir=loaded.output_path / "bench")
+
+
+@cli.command()
+@click.argument("recipe")
+@_set_option
+@click.option("--server", "server_url", default=None, metavar="URL",
+              help="Benchmark a running server (its HTTP endpoint) instead of the in-process runtime.")
+@click.option("--concurrency", default="1,2,4,8", show_default=True, help="--server: concurrency sweep.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str,
+          as_json: bool) -> None:
+    """Plain vs speculative decoding on the same prompts (in process), or a server load test."""
+    if server_url:
+        from trtbuild.triton.commands import bench_deployment
+
+        loaded, artifacts = _built(recipe, overrides, "deploy", not as_json)
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+        report = bench_deployment(artifacts["deploy"], server_url, concurrency=levels,
+                                  out_dir=loaded.output_path / "bench")
+    else:
+        from trtbuild.progress import Progress
+        from trtbuild.runtime.bench import BenchConfig, run_bench
+
+        loaded, artifacts = _built(recipe, overrides, "draft", not as_json)
+        if "draft" not in artifacts or not (artifacts["draft"] / "eagle3").is_dir():
+            raise UserError("bench compares plain and speculative decoding and needs a draft", file=recipe,
+                            field="draft", fix="add a `draft:` section (source: train, path or hub)")
+        target = artifacts["quantize"] / "hf" if "quantize" in artifacts else artifacts["model"] / "hf"
+        config = loaded.bench or BenchConfig(max_draft_len=loaded.draft.max_draft_len)
+        out = loaded.output_path / "bench" / "bench.json"
+        report = run_bench(target, artifacts["draft"] / "eagle3", None, config, out_path=out,
+                           progress=Progress.for_terminal(enabled=not as_json))
+    if as_json:
+        _print_json(report)
+    else:
+        _print_bench(report)
+
+
+def _print_bench(report: dict[str, Any]) -> None:
+    if "levels" in report:
+        from trtbuild.triton.bench import table
+
+        for row in table(report):
+            click.echo("  ".join(f"{cell:>14}" for cell in row))
+        if "ratio_c1" in report:
+            click.echo(f"Triton / in-process tokens/s/user at concurrency 1: {report['ratio_c1']:.3f}")
+        return
+    plain, spec = report["plain"], report["speculative"]
+    click.echo(f"plain:        {plain['tokens_per_s_per_user']:8.1f} tokens/s/user")
+    click.echo(f"speculative:  {spec['tokens_per_s_per_user']:8.1f} tokens/s/user  "
+               f"(acceptance length {spec['acceptance_length']:.2f})")
+    click.echo(f"speedup:      {report['speedup']:.2f}x   outputs identical: {report['outputs_identical']}")
 
 
 @cli.command()

@@ -165,6 +165,13 @@ class DraftStage(Stage):
             return []
         try:
             draft_dir = self._loaded_dir(config, recipe)
+        except UserError as exc:
+            from trtbuild.stages.model import uses_standin
+
+            # Without the target's weights (a stand-in speaks for it) the draft is absent too:
+            # `plan` lists the download and `build` refuses at the model stage.
+            return [] if uses_standin(recipe) else [exc.one_line()]
+        try:
             target_dir = _known_target_dir(recipe)
             if target_dir is not None:
                 from trtbuild.eagle3.compat import check_compatible

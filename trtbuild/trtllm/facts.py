@@ -82,14 +82,9 @@ def target_facts(recipe: Any) -> ModelFacts | None:
         return None
     if model.source == "tiny":
         return facts_from_config(_tiny_config(model.tiny), "model.tiny")
-    if model.source == "path" and model.path:
-        return facts_from_dir(recipe.resolve_path(model.path))
-    if model.source == "hub" and model.repo_id:
-        from trtbuild.stages.model import _hub_snapshot_commit, hf_cache_dir
+    if model.source in ("path", "hub"):
+        from trtbuild.stages.model import target_hf_config
 
-        commit = _hub_snapshot_commit(model.repo_id, model.revision)
-        if commit is None:
-            return None
-        snapshot = hf_cache_dir() / ("models--" + model.repo_id.replace("/", "--")) / "snapshots" / commit
-        return facts_from_dir(snapshot)
+        found = target_hf_config(recipe)  # the real config.json, else the recipe's stand-in
+        return facts_from_config(*found) if found else None
     return None
