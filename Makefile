@@ -30,9 +30,13 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	@touch $(STAMP)
 endif
 
+# Build the recipe (cached after the first time), compare plain vs speculative decoding in process,
+# then serve the deployment with a real Triton server, answer a request and print a load-test table.
 demo: $(STAMP)
 	$(BIN)/trtbuild plan $(RECIPE)
 	$(BIN)/trtbuild build $(RECIPE)
+	$(BIN)/trtbuild bench $(RECIPE)
+	$(BIN)/trtbuild demo $(RECIPE)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
