@@ -8,6 +8,7 @@ it that reads it get new keys; nothing before it changes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -215,7 +216,9 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
         ctx = StageContext(recipe=recipe, inputs=inputs, out_dir=workdir, progress=progress)
         started = time.perf_counter()
         try:
-            result = item.stage.run(item.config, ctx)
+            # Libraries (ModelOpt, transformers) print to stdout; keep stdout for --json alone.
+            with contextlib.redirect_stdout(sys.stderr):
+                result = item.stage.run(item.config, ctx)
         except BaseException:
             cache.discard(workdir)  # a failed stage leaves nothing behind
             raise

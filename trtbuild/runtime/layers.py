@@ -44,6 +44,11 @@ class Linear:
             # fp8(x * inv) / inv @ W^T == fp8(x * inv) @ (W / inv)^T: fold the dequant into W once.
             weight = weight * (1.0 / inv).to(weight.dtype)
             self.inv_scale: torch.Tensor | None = inv.to(weight.dtype)
+            # Accumulate FP8 GEMMs in float64: a CPU GEMM's summation order depends on how many
+            # rows it gets, and in float32 that noise flips FP8 input roundings downstream, so a
+            # 1-token decode and a 17-token verification could disagree on near-tied logits. In
+            # float64 the order-dependent error is ~1e-16: greedy speculative decoding stays exact.
+            weight = weight.to(torch.float64)
         else:
             self.inv_scale = None
         self.weight_t = weight.t().contiguous()
@@ -60,8 +65,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.inv_scale is not None:
-            x = fp8_round(x * self.inv_scale)
-        out = x @ self.weight_t
+            out = (fp8_round(x * self.inv_scale).to(torch.float64) @ self.weight_t).to(x.dtype)
+        else:
+            out = x @ self.weight_t
         if self.bias is not None:
             out += self.bias
         return out
