@@ -4,7 +4,7 @@
                              [--eval-samples N] [--json]
 
 MODEL_DIR is a Hugging Face model directory, or a model-stage artifact with `hf/` inside
-(default: /work/tiny-default). The quantize stage's
+(default: build/tiny-cpu/model, what `trtbuild build recipes/tiny-cpu.yaml` links). The quantize stage's
 own code runs (calibration, gate with no threshold, export, runtime check) into a temp dir.
 """
 
@@ -22,7 +22,7 @@ from trtbuild.stages.quantize import QuantizeConfig, run_quantize
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", default="/work/tiny-default", type=Path)
+    parser.add_argument("model_dir", nargs="?", default="build/tiny-cpu/model", type=Path)
     parser.add_argument("--kv-cache", choices=["fp8", "none"], default="fp8")
     parser.add_argument("--num-samples", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=256)

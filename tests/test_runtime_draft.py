@@ -12,6 +12,7 @@ from runtime_fixtures import eagle_module_model, export_draft, one_thread  # noq
 from trtbuild.errors import UserError
 from trtbuild.runtime import load_draft, load_target
 from trtbuild.runtime.devmodels import random_llama
+from trtbuild.runtime.layers import prepare_mask
 from trtbuild.runtime.target import attention_block, mlp_block
 
 DRAFT_VOCAB = 128
@@ -93,7 +94,9 @@ def test_standard_first_norm_is_the_trtllm_formula(pair):
         out, logits = draft.forward(hidden, ids, draft.new_cache(1, 5), 0)
         x = torch.cat([norm(draft.embed[ids], layer.block.input_norm), norm(hidden, layer.hidden_norm)], -1)
         ref = hidden + attention_block(layer.block, x, draft.spec, draft.new_cache(1, 5), 0, 0,
-                                       draft.rot[:5], torch.ones(5, 5, dtype=torch.bool).tril())
+                                       draft.rot[:5], prepare_mask(torch.ones(5, 5, dtype=torch.bool).tril(),
+                                                                   draft.spec.num_heads, draft.spec.num_kv_heads,
+                                                                   torch.float32))
         ref = ref + mlp_block(layer.block, norm(ref, layer.block.post_norm))
         ref_logits = draft.lm_head(norm(ref, draft.norm))
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(logits, ref_logits, atol=1e-4)
