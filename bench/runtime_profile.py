@@ -67,12 +67,12 @@ def main() -> None:
             mask = causal_mask(m, n)
             result[f"target_ms_{m}"] = cpu_ms(lambda ids=ids, mask=mask: target.forward(
                 ids, tcache, n, mask=mask, aux_layers=draft.aux_layers))
-        hidden = torch.randn(1, 1, target.spec.hidden_size)
+        hidden = torch.randn(1, 1, target.spec.hidden_size, dtype=target.dtype)
         for m in (1, 2, 4, 8):
             h, ids, mask = hidden.expand(1, m, -1), torch.arange(m).view(1, -1), causal_mask(m, n)
             result[f"draft_ms_{m}"] = cpu_ms(lambda h=h, ids=ids, mask=mask: draft.forward(h, ids, dcache, n,
                                                                                            mask=mask))
-        aux = torch.randn(1, 1, len(draft.aux_layers) * target.spec.hidden_size)
+        aux = torch.randn(1, 1, len(draft.aux_layers) * target.spec.hidden_size, dtype=target.dtype)
         result["fc_ms"] = cpu_ms(lambda: draft.project(aux))
         result.update(op_split(target, tcache, n))
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}, indent=1))

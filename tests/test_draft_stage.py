@@ -58,12 +58,16 @@ def trained(model_artifact: Artifact, tmp_path_factory: pytest.TempPathFactory):
     import os
 
     root = tmp_path_factory.mktemp("trained")
+    saved = os.environ.get("TRTBUILD_CACHE")
     os.environ["TRTBUILD_CACHE"] = str(root / "cache")
     config = DraftConfig(**SMALL)
     try:
         result = _run(config, model_artifact, root / "out")
-    finally:
-        del os.environ["TRTBUILD_CACHE"]
+    finally:  # restore, not delete: later tests (and CI's .ci-cache) read it
+        if saved is None:
+            del os.environ["TRTBUILD_CACHE"]
+        else:
+            os.environ["TRTBUILD_CACHE"] = saved
     return config, result, root / "out" / "eagle3", root / "cache"
 
 

@@ -224,7 +224,7 @@ def test_export_check_catches_a_wrong_scale(model_root: Path, default_run: tuple
     with torch.no_grad():
         base = AutoModelForCausalLM.from_pretrained(model_root / "hf")(input_ids=ids).logits
     # The stage showed the runtime on this export matches ModelOpt: use it as the fake-quant reference.
-    reference = load_target(out / "hf").logits(ids)
+    reference = load_target(out / "hf", dtype=torch.float32).logits(ids)  # the dtype check_export uses
     assert check_export(out / "hf", ids, reference, base)["export_logits_noise_max"] == 0.0
 
     broken = tmp_path / "broken"

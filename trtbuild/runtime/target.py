@@ -178,11 +178,21 @@ class TargetModel:
         return self.quant.quant_algo == "FP8"
 
 
-def load_target(path: Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = None,
                 max_positions: int | None = None) -> TargetModel:
-    """Loads an HF Llama directory (unquantized, or ModelOpt's unified FP8 export)."""
+    """Loads an HF Llama directory (unquantized, or ModelOpt's unified FP8 export).
+
+    dtype: the compute dtype. By default float32, except an FP8 checkpoint on CPU computes in
+    float64: FP8 rounds every linear's input, so float32 noise that depends on how many rows a
+    kernel gets (SDPA, GEMM blocking) can flip a rounding and make a 1-token decode disagree with
+    a 6-token verification on a near-tied logit. In float64 that noise is ~1e-16, far below any
+    FP8 step, so greedy speculative output equals plain greedy output; the FP8 grid (the part of
+    the numerics that matters) is unchanged. Tiny models on CPU are overhead-bound, so it is cheap.
+    """
     path = Path(path)
     spec, quant = read_target_config(path)
+    if dtype is None:
+        dtype = torch.float64 if quant.quant_algo == "FP8" and torch.device(device).type == "cpu" else torch.float32
     weights = Weights(load_state_dict(path), path, dtype, device)
     with torch.inference_mode():
         model = TargetModel(spec, quant, weights, path, device, max_positions)
