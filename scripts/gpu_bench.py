@@ -4,7 +4,7 @@ vs the device's measured copy bandwidth.
 
     python scripts/gpu_bench.py                      # full table, <= 8 minutes on an H100/H200
     python scripts/gpu_bench.py --quick              # 3 shapes x M = 1, 4, 16
-    python scripts/gpu_bench.py --out bench/RESULTS.md
+    python scripts/gpu_bench.py --out bench/gpu-plugins.md      # bench/RESULTS.md links to it
     python scripts/gpu_bench.py --dry-run            # CPU: Triton interpreter on one small shape
 
 For each linear shape (Llama-3 8B / 70B) and M tokens it checks every plugin's kernel against a
