@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from plugins.common.jit import dual_jit
+from plugins.common.signature import FP8_GEMM_AOT_ALIGNED, FP8_GEMM_AOT_SIGNATURE
 
 
 def _fp8_gemm_shuffled_kernel(
@@ -59,13 +60,5 @@ def _fp8_gemm_shuffled_kernel(
 
 fp8_gemm_shuffled_kernel = dual_jit(_fp8_gemm_shuffled_kernel)
 
-# AOT signature: pointers and leading strides 16-byte aligned, as the JIT specializes them for
-# real model shapes (K, N multiples of 16).
-AOT_SIGNATURE = {
-    "x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "sw_ptr": "*fp32",
-    "out_ptr": "*bf16", "part_ptr": "*fp32",
-    "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32",
-    "KT": "i32", "SPLIT": "i32", "TILES_PER_SPLIT": "i32",
-}
-AOT_ALIGNED = ("x_ptr", "w_ptr", "sx_ptr", "sw_ptr", "out_ptr", "part_ptr", "N", "K",
-               "stride_xm", "stride_om")
+AOT_SIGNATURE = FP8_GEMM_AOT_SIGNATURE
+AOT_ALIGNED = FP8_GEMM_AOT_ALIGNED
