@@ -9,9 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-# The tiny target as `make demo` links it (tests that need it skip until then).
-TINY_DEFAULT = Path(__file__).resolve().parent.parent / "build" / "tiny-cpu" / "model" / "hf"
-
 
 def eagle_module_model(target_dir: Path, *, draft_vocab: int, seed: int = 1, init_range: float = 0.2,
                        perturb_norms: float = 0.3) -> Any:
