@@ -67,7 +67,7 @@ def main() -> None:
             mask = causal_mask(m, n)
             result[f"target_ms_{m}"] = cpu_ms(lambda ids=ids, mask=mask: target.forward(
                 ids, tcache, n, mask=mask, aux_layers=draft.aux_layers))
-        hidden = torch.randn(1, 1, target.spec.hidden_size, dtype=target.dtype)
+        hidden = torch.randn(1, 1, target.spec.hidden_size, dtype=draft.dtype)
         for m in (1, 2, 4, 8):
             h, ids, mask = hidden.expand(1, m, -1), torch.arange(m).view(1, -1), causal_mask(m, n)
             result[f"draft_ms_{m}"] = cpu_ms(lambda h=h, ids=ids, mask=mask: draft.forward(h, ids, dcache, n,

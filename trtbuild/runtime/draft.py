@@ -91,8 +91,9 @@ class DraftModel:
             if prefix == "midlayer":
                 break
         self.norm = weights.float("norm.weight", (h,)) if weights.has("norm.weight") else None
+        self.dtype = weights.dtype
         self.embed = (weights.float("embed_tokens.weight", (target.spec.vocab_size, h))
-                      if weights.has("embed_tokens.weight") else target.embed)
+                      if weights.has("embed_tokens.weight") else target.embed.to(self.dtype))
         draft_vocab = int(cfg.get("draft_vocab_size") or target.spec.vocab_size)
         if weights.has("lm_head.weight"):
             self.lm_head = Linear(*weights.linear("lm_head", draft_vocab, h))
@@ -100,7 +101,9 @@ class DraftModel:
             if draft_vocab != target.spec.vocab_size:
                 raise UserError("draft_vocab_size differs from the target's vocabulary but the draft "
                                 "has no lm_head.weight", file=config_file, field="draft_vocab_size")
-            self.lm_head = target.lm_head
+            # the target's head ([out, in] with any input scale folded in), in the draft's dtype
+            self.lm_head = (target.lm_head if target.dtype == self.dtype
+                            else Linear(target.lm_head.weight.to(self.dtype)))
         self.draft_vocab = draft_vocab
         # draft id -> target id, as one gather table
         to_target = torch.arange(draft_vocab, device=target.device)
@@ -118,11 +121,11 @@ class DraftModel:
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         s = self.spec
         return KVCache(len(self.layers), batch, s.num_kv_heads, capacity, s.head_dim,
-                       self.target.dtype, self.target.device)
+                       self.dtype, self.target.device)
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """fc over the concatenated aux hidden states: the draft's input for real positions."""
-        return self.fc(aux)
+        return self.fc(aux.to(self.dtype))
 
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, cache: KVCache, start: int, *,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
@@ -163,6 +166,9 @@ def load_draft(path: Path, target: TargetModel, first_norm: FirstNorm = "standar
         raise UserError(f"draft vocab_size {cfg.get('vocab_size')} differs from the target's "
                         f"{target.spec.vocab_size}", file=str(cfg_path), field="vocab_size")
     spec = spec_from_config(cfg, path, file=str(cfg_path))
-    weights = Weights(load_state_dict(path), path, target.dtype, target.device)
+    # The draft only proposes; the target decides every token, so the draft need not share the
+    # target's float64 (an FP8 target's exactness measure, see load_target): float32 halves its GEMMs.
+    dtype = torch.float32 if target.dtype == torch.float64 else target.dtype
+    weights = Weights(load_state_dict(path), path, dtype, target.device)
     with torch.inference_mode():
         return DraftModel(spec, weights, target, path, first_norm)
