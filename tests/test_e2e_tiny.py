@@ -85,16 +85,7 @@ def test_runtime_greedy_equals_transformers_on_the_tiny_target(built):
             reference = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                        max_new_tokens=40, do_sample=False, eos_token_id=None,
                                        pad_token_id=0)[0, len(prompt):].tolist()
-        ours = generator.generate(prompt, 40, eos_token_ids=[]).tokens
-        if ours == reference:
-            continue
-        # Two float32 implementations may only part where transformers' top two logits are
-        # within float noise of each other; anywhere else a difference is a bug.
-        j = next(i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b)
-        with torch.no_grad():
-            top = model(torch.tensor([prompt + reference[:j]])).logits[0, -1].topk(2)
-        assert ours[j] in top.indices.tolist(), (j, ours[j], top)
-        assert float(top.values[0] - top.values[1]) < 1e-3, (j, top)
+        assert generator.generate(prompt, 40, eos_token_ids=[]).tokens == reference
 
 
 def test_bench_is_lossless_and_the_server_answers_like_the_runtime(built):

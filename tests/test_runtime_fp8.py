@@ -59,14 +59,14 @@ def test_fp8_logits_match_modelopt_fake_quant(tmp_path, kv_cache):
     # rounding gap puts an activation on the other side of an FP8 rounding boundary: that element
     # moves one FP8 step, and through attention every later row of that sequence drifts (any two
     # FP8 implementations do this, TRT-LLM's GEMMs vs ModelOpt's fake quant included). Measured
-    # here: such an onset in 0-1 of 320 rows. So: rows agree to rounding up to a sequence's first
+    # here: such an onset in 0-1 of 16 sequences. So: rows agree to rounding up to a sequence's first
     # flip, onsets are rare, and no row moves as much as FP8 itself moves the logits.
     quant_effect = (fake_quant - fp32).abs().amax(-1)  # per row
     assert quant_effect.median() > 0.02  # quantization really happened
     gap = (ours - fake_quant).abs().amax(-1)
+    assert gap.median() < 1e-5
     flipped = gap >= 1e-4
-    onsets = flipped.any(-1).sum().item()
-    assert onsets <= flipped.numel() // 50, f"{onsets} sequences flipped an FP8 rounding"
+    assert (~flipped).float().mean() >= 0.9
     assert gap[~flipped.cummax(-1).values].max() < 1e-5  # every row before a sequence's first flip
     assert (gap < quant_effect).all()
     assert (ours.argmax(-1) == fake_quant.argmax(-1)).float().mean() >= 0.95
