@@ -187,7 +187,8 @@ def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = Non
     kernel gets (SDPA, GEMM blocking) can flip a rounding and make a 1-token decode disagree with
     a 6-token verification on a near-tied logit. In float64 that noise is ~1e-16, far below any
     FP8 step, so greedy speculative output equals plain greedy output; the FP8 grid (the part of
-    the numerics that matters) is unchanged. Tiny models on CPU are overhead-bound, so it is cheap.
+    the numerics that matters) is unchanged. It costs speed: float64 GEMMs run at about half the
+    float32 rate (bench/gemm_rows.py), which plain and speculative decoding pay alike.
     """
     path = Path(path)
     spec, quant = read_target_config(path)
