@@ -6,7 +6,8 @@ HF directory) and the EAGLE-3 draft when there is one, and writes `bundle/`:
     target/                the checkpoint TensorRT-LLM loads (files hard-linked, not copied)
     target-<arch>/         the same checkpoint with weights in a plugin's layout, per GPU arch
     draft/                 the EAGLE-3 draft
-    llm_api_options.yaml   LLM() arguments (trtllm-serve --config), validated by a typed model
+    llm_api_options.yaml   LLM() arguments (trtllm-serve --extra_llm_api_options), checked against the
+                           contract of engine.trtllm_version (trtbuild/contract/)
     launch/                serve.sh (one node), mpirun.sh and slurm.sbatch (several nodes)
     build/                 backend tensorrt: checkpoint conversion + trtllm-build commands
     plugins/               each plugin's AOT cubins (+ SASS report) and TRT-LLM python plugin
@@ -18,6 +19,7 @@ and a load check; when it is not, it says so in one line and still writes the bu
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -66,6 +68,11 @@ class LegacySettings(StageConfig):
 
 
 class EngineConfig(StageConfig):
+    trtllm_version: str = Field(
+        default="1.1.0", description="TensorRT-LLM release the bundle is written for (a contract in "
+        "trtbuild/contract/: option names, decoding type, launcher flags, draft tensor names, Triton "
+        "request fields). Default: the release in the Triton image deploy.trtllm.image names "
+        "(tritonserver:25.12-trtllm-python-py3 ships 1.1.0).")
     backend: Literal["pytorch", "tensorrt"] = Field(
         default="pytorch", description="pytorch: TRT-LLM's LLM-API path, loads the HF checkpoint directly; "
         "tensorrt: the legacy trtllm-build engine (for releases that still ship it).")
@@ -102,6 +109,20 @@ class EngineConfig(StageConfig):
                                             "model: unknown keys are errors).")
     launcher: LauncherSettings = Field(default_factory=LauncherSettings, description="Launch scripts.")
     legacy: LegacySettings = Field(default_factory=LegacySettings, description="backend tensorrt only.")
+
+    @field_validator("trtllm_version", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+    @field_validator("trtllm_version")
+    @classmethod
+    def _known_version(cls, value: str) -> str:
+        from trtbuild.contract import available_versions
+
+        if value not in available_versions():
+            raise ValueError(f"no TensorRT-LLM contract for {value!r}; known: {', '.join(available_versions())}")
+        return value
 
     @field_validator("cuda_graphs")
     @classmethod
@@ -144,14 +165,19 @@ class EngineStage(Stage):
     depends_on = ("model",)
     optional_inputs = ("quantize", "draft")
     libraries = ("tensorrt-llm", "safetensors", "torch", "triton")
-    code_modules = ("trtbuild.trtllm", "trtbuild.plugins", "trtbuild.safetensors_header")
+    code_modules = ("trtbuild.trtllm", "trtbuild.contract", "trtbuild.plugins", "trtbuild.safetensors_header")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, EngineConfig)
         from trtbuild.trtllm.bundle import plugin_key_material
 
-        # The archs decide the AOT cubins and the weight layouts; the plugin sources decide both.
-        return {"gpu_archs": list(recipe.gpu_archs), "plugins": plugin_key_material(config.plugins)}
+        # The archs decide the AOT cubins and the weight layouts; the plugin sources decide both; the
+        # release's contract (a data file) decides the names written.
+        from trtbuild.contract import load_contract
+
+        contract = load_contract(config.trtllm_version)
+        return {"gpu_archs": list(recipe.gpu_archs), "plugins": plugin_key_material(config.plugins),
+                "contract": hashlib.sha256(contract.path.read_bytes()).hexdigest()[:16]}
 
     def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
         assert isinstance(config, EngineConfig)

@@ -17,15 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.contract import Contract, load_contract
 from trtbuild.errors import BuildError, UserError
-from trtbuild.trtllm import boundary, launchers, legacy
+from trtbuild.contract import validate as contract_validate
+from trtbuild.contract.hf_config import rewrite_config
+from trtbuild.trtllm import boundary, conformance, launchers, legacy
 from trtbuild.trtllm.checks import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
 from trtbuild.trtllm.llm_args import (
     CudaGraphConfig,
-    Eagle3DecodingConfig,
     KvCacheConfig,
     LlmApiOptions,
+    SpeculativeConfig,
     parse_options,
     write_options,
 )
@@ -154,8 +157,15 @@ def draft_capture_layers(draft_dir: Path) -> list[int] | None:
 
 
 def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
-                  draft_dir: Path | None, draft_rel: str = "draft") -> LlmApiOptions:
-    """The LLM() arguments of this deployment, validated by the typed model."""
+                  draft_dir: Path | None, draft_rel: str = "draft", *, with_draft: bool | None = None,
+                  contract: Contract | None = None) -> LlmApiOptions:
+    """The LLM() arguments of this deployment, validated by the typed model, with the names of the
+    selected release (contract): its EAGLE-3 decoding type and draft path key.
+
+    `with_draft` (default: a draft directory was given) writes speculative_config without reading
+    the draft, for checks before any build."""
+    contract = contract or load_contract(config.trtllm_version)
+    with_draft = draft_dir is not None if with_draft is None else with_draft
     torch_backend = config.backend == "pytorch"
     kv = KvCacheConfig(enable_block_reuse=config.kv_cache.enable_block_reuse,
                        free_gpu_memory_fraction=config.kv_cache.free_gpu_memory_fraction)
@@ -194,11 +204,12 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
             values["enable_min_latency"] = True
         if not config.enable_autotuner:
             values["enable_autotuner"] = False
-    if draft_dir is not None:
-        spec = Eagle3DecodingConfig(decoding_type="Eagle3", max_draft_len=draft_len(config, recipe) or 1,
-                                    speculative_model_dir=f"./{draft_rel}",
-                                    eagle3_one_model=config.eagle3_one_model)
-        layers = draft_capture_layers(draft_dir)
+    if with_draft:
+        spec = SpeculativeConfig(decoding_type=contract.eagle3_decoding_type,
+                                 max_draft_len=draft_len(config, recipe) or 1,
+                                 **{contract.draft_model_key: f"./{draft_rel}"},
+                                 eagle3_one_model=config.eagle3_one_model)
+        layers = draft_capture_layers(draft_dir) if draft_dir is not None else None
         if layers and facts and facts.num_hidden_layers and \
                 layers != default_layers_to_capture(facts.num_hidden_layers):
             spec.eagle3_layers_to_capture = layers  # trained on other layers than TRT-LLM's default
@@ -215,8 +226,9 @@ def with_absolute_paths(options: LlmApiOptions, bundle: Path) -> dict[str, Any]:
     """The options for an in-process LLM() call (relative paths made absolute against the bundle)."""
     data = options.to_dict()
     spec = data.get("speculative_config")
-    if spec and not Path(spec["speculative_model_dir"]).is_absolute():
-        spec["speculative_model_dir"] = str((bundle / spec["speculative_model_dir"]).resolve())
+    for key in ("speculative_model_dir", "speculative_model"):
+        if spec and spec.get(key) and not Path(spec[key]).is_absolute():
+            spec[key] = str((bundle / spec[key]).resolve())
     return data
 
 
@@ -373,6 +385,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
 
     recipe, progress = ctx.recipe, ctx.progress
     archs = list(recipe.gpu_archs)
+    contract = load_contract(config.trtllm_version)
     version = boundary.probe()
     if version is None:
         if config.require_tensorrt_llm:
@@ -394,6 +407,9 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     if config.backend == "pytorch":
         target_files = link_tree(inputs.target, bundle / "target", stats)
         link_tokenizer([inputs.model_hf], bundle / "target", stats)  # export without tokenizer: add it
+        # The release's transformers reads RoPE at the top level of config.json (contract: hf_config).
+        if (bundle / "target" / "config.json").is_file() and rewrite_config(bundle / "target" / "config.json"):
+            stats.written += 1
         served = "target"
     else:
         if inputs.target_kind == "trtllm_checkpoint":
@@ -418,18 +434,13 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     sass = aot_plugins(config.plugins, bundle, archs, progress) if config.plugins else {}
     module_dir = write_trtllm_plugin_modules(config.plugins, bundle, stats)
 
-    options = build_options(config, recipe, target_facts, inputs.draft, draft_rel or "draft")
+    options = build_options(config, recipe, target_facts, inputs.draft, draft_rel or "draft", contract=contract)
     write_options(options, bundle / OPTIONS_FILE)
     stats.written += 1
 
     # Launchers.
-    serve = launchers.ServeSpec(
-        model=served, backend=config.backend, tensor_parallel=config.tensor_parallel,
-        pipeline_parallel=config.pipeline_parallel, expert_parallel=config.expert_parallel,
-        options_file=OPTIONS_FILE, tokenizer=tokenizer_rel,
-        trust_remote_code=bool(getattr(getattr(recipe, "model", None), "trust_remote_code", False)),
-        custom_module_dirs=(module_dir,) if module_dir and config.backend == "tensorrt" else (),
-        env=dict(config.env), host=config.launcher.host, port=config.launcher.port)
+    serve = conformance.serve_spec(config, recipe, contract, served=served, tokenizer=tokenizer_rel,
+                                   module_dir=module_dir)
     cluster = launchers.ClusterSpec(
         nodes=config.launcher.nodes, gpus_per_node=config.launcher.gpus_per_node,
         partition=config.launcher.slurm.partition, account=config.launcher.slurm.account,
@@ -440,6 +451,13 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
                        ("mpirun.sh", launchers.mpirun_script(serve, cluster)),
                        ("slurm.sbatch", launchers.slurm_script(serve, cluster))):
         _write_text(bundle / "launch" / name, text, stats, executable=True)
+
+    # Everything written so far against the release the bundle is for (one line, exit 2).
+    plugin_texts = {name: plugins_text(name) for name in config.plugins}
+    contract_validate.raise_first(
+        conformance.bundle_violations(bundle, options, serve, config, contract, draft=draft_rel, served=served,
+                                      plugin_texts=plugin_texts),
+        fix=f"see docs/gpu-path.md (engine.trtllm_version: {contract.version})")
 
     # Legacy engine commands.
     legacy_info = None
@@ -479,6 +497,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     description = {
         "format": BUNDLE_FORMAT,
         "backend": config.backend,
+        "trtllm_version": contract.version,
         "model": served,
         "tokenizer": tokenizer_rel or served,
         "draft": draft_rel,
@@ -517,6 +536,13 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     info = {"bundle": description, "inputs": {"target": str(inputs.target.resolve()),
                                               "draft": str(inputs.draft.resolve()) if inputs.draft else None}}
     return StageResult(metrics=metrics, info=info)
+
+
+def plugins_text(name: str) -> str:
+    """The TRT-LLM python plugin source a plugin ships (empty when it has none)."""
+    from trtbuild import plugins
+
+    return str(getattr(plugins.get(name), "trtllm_python_plugin", "") or "")
 
 
 def _plugin_description(names: list[str], weights: dict[str, Any], sass: dict[str, Any],

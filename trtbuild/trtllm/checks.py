@@ -86,6 +86,8 @@ def engine_problems(config: EngineConfig, recipe: Any) -> list[str]:
     problems += _launcher(config)
     problems += _archs(config, recipe)
     problems += _options(config)
+    if not problems:  # the rendered bundle only makes sense for a consistent engine section
+        problems += _contract(config, recipe)
     if config.require_tensorrt_llm and importlib.util.find_spec("tensorrt_llm") is None:
         problems.append(_line("engine.require_tensorrt_llm", "is true but tensorrt_llm is not importable "
                               "here", "install TensorRT-LLM (pip install tensorrt-llm, on a CUDA host) "
@@ -290,6 +292,13 @@ def _archs(config: EngineConfig, recipe: Any) -> list[str]:
                          "programmatic dependent launch (Hopper and newer)",
                          "remove TRTLLM_ENABLE_PDL or target sm_90a / sm_100a only"))
     return out
+
+
+def _contract(config: EngineConfig, recipe: Any) -> list[str]:
+    """The options YAML and launch command this recipe renders, against engine.trtllm_version."""
+    from trtbuild.trtllm.conformance import recipe_violations
+
+    return [f"engine.trtllm_version {config.trtllm_version}: {v.line()}" for v in recipe_violations(config, recipe)]
 
 
 def _options(config: EngineConfig) -> list[str]:

@@ -22,6 +22,7 @@ class ServeSpec:
     pipeline_parallel: int
     expert_parallel: int
     options_file: str = "llm_api_options.yaml"
+    options_flag: str = "--extra_llm_api_options"  # the release's name (contract: trtllm_serve)
     tokenizer: str | None = None  # TensorRT engines carry no tokenizer
     trust_remote_code: bool = False
     custom_module_dirs: tuple[str, ...] = ()  # plugin modules to import at server start
@@ -59,7 +60,7 @@ def serve_argv(spec: ServeSpec) -> list[str]:
         argv.append("--trust_remote_code")
     for directory in spec.custom_module_dirs:
         argv += ["--custom_module_dirs", f"./{directory}"]
-    argv += ["--config", spec.options_file]
+    argv += [spec.options_flag, spec.options_file]
     return argv
 
 

@@ -1,10 +1,10 @@
 """A typed model of the TensorRT-LLM `LLM()` arguments trtbuild writes into llm_api_options.yaml.
 
-`trtllm-serve --config FILE` (alias `--extra_llm_api_options`) merges the YAML's keys into the
-`LLM()` keyword arguments, so every key here must be a real argument name. Names and nesting
-follow tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs, TorchLlmArgs, KvCacheConfig,
-CudaGraphConfig, EagleDecodingConfig / Eagle3DecodingConfig, MoeConfig); TRT-LLM's own models
-are strict too, so a misspelt key would fail at server start, hours into a deployment.
+`trtllm-serve --extra_llm_api_options FILE` (1.1; later releases also `--config`) merges the YAML's
+keys into the `LLM()` keyword arguments, so every key here must be a real argument name. This model
+is trtbuild's own typed view (types, ranges, unknown keys); what a given release accepts (its field
+names, enums, decoding types, cross-field rules) is the versioned contract in trtbuild/contract/,
+which checks every file built from this model.
 
 Only the subset trtbuild sets or lets a recipe pass through is modelled. The file holds only
 the fields that were set (`exclude_unset`), so an unset field keeps TRT-LLM's own default, and
@@ -48,27 +48,28 @@ class CudaGraphConfig(_Strict):
     enable_padding: bool = Field(default=False, description="Round batches up to a captured size.")
 
     @model_validator(mode="after")
-    def _consistent(self) -> CudaGraphConfig:
-        # TRT-LLM rejects both given unless max_batch_size == max(batch_sizes).
-        if self.batch_sizes and self.max_batch_size and self.max_batch_size != max(self.batch_sizes):
-            raise ValueError(f"cuda_graph_config.max_batch_size {self.max_batch_size} must equal "
-                             f"max(batch_sizes) {max(self.batch_sizes)} when both are given")
+    def _positive(self) -> CudaGraphConfig:
+        # Whether both may be given differs by release: the contract checks that.
         if self.batch_sizes is not None and any(b < 1 for b in self.batch_sizes):
             raise ValueError("cuda_graph_config.batch_sizes must be positive")
         return self
 
 
-class Eagle3DecodingConfig(_Strict):
-    """`speculative_config` for EAGLE-3 (TRT-LLM's Eagle3DecodingConfig; older releases: Eagle)."""
+class SpeculativeConfig(BaseModel):
+    """`speculative_config`. Generic over decoding types: the release's contract decides which
+    `decoding_type` names and fields exist (EAGLE-3 is `Eagle` in 1.1, `Eagle3` later; the draft
+    path is `speculative_model_dir` in 1.1, `speculative_model` later)."""
 
-    # Required (no default): TRT-LLM picks the decoding config class by this key, so it must be in the file.
-    decoding_type: Literal["Eagle3", "Eagle"] = Field(description="Eagle3 in TRT-LLM >= 1.1; older "
-                                                      "releases spell EAGLE-3 as Eagle.")
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    # Required (no default): TRT-LLM picks the decoding config class by this key.
+    decoding_type: str = Field(description="Decoding type name of the release (contract: speculative).")
     max_draft_len: int = Field(ge=1, description="Draft tokens proposed per step.")
-    speculative_model_dir: str = Field(description="The EAGLE-3 draft checkpoint directory "
-                                       "(relative paths resolve against the server's working dir).")
-    eagle3_one_model: bool = Field(default=True, description="Run the draft inside the target's "
-                                   "engine (faster) instead of as a second model.")
+    speculative_model_dir: str | None = Field(default=None, description="Draft checkpoint directory (1.1 "
+                                              "name; relative paths resolve against the server's working dir).")
+    speculative_model: str | None = Field(default=None, description="Draft checkpoint (name after 1.1).")
+    eagle3_one_model: bool | None = Field(default=None, description="Run the draft inside the target's "
+                                          "engine (faster) instead of as a second model.")
     eagle3_layers_to_capture: list[int] | None = Field(default=None, description="Target layers whose "
                                                        "hidden states feed the draft; TRT-LLM's default "
                                                        "is {1, L/2-1, L-4}.")
@@ -76,11 +77,24 @@ class Eagle3DecodingConfig(_Strict):
                                                "tokens per step over all branches.")
     greedy_sampling: bool | None = Field(default=None, description="Top-1 acceptance (token equality).")
 
+    @property
+    def draft_path(self) -> str | None:
+        return self.speculative_model or self.speculative_model_dir
+
+    def with_draft_path(self, path: str) -> SpeculativeConfig:
+        key = "speculative_model" if self.speculative_model is not None else "speculative_model_dir"
+        return self.model_copy(update={key: path})
+
+
+# The EAGLE-3 case of the generic model (older imports).
+Eagle3DecodingConfig = SpeculativeConfig
+
 
 class MoeConfig(_Strict):
     """`moe_config` (PyTorch backend)."""
 
-    backend: str | None = Field(default=None, description="MoE kernel backend: CUTLASS, TRTLLM, ...")
+    backend: str | None = Field(default=None, description="MoE kernel backend; the release's contract "
+                                "lists the names (a Literal upstream).")
     max_num_tokens: int | None = Field(default=None, ge=1, description="Chunk size of MoE tokens.")
 
 
@@ -106,7 +120,7 @@ class LlmApiOptions(_Strict):
     max_beam_width: int | None = Field(default=None, ge=1, description="Beam search width.")
     kv_cache_config: KvCacheConfig | None = Field(default=None, description="KV cache options.")
     cuda_graph_config: CudaGraphConfig | None = Field(default=None, description="CUDA graphs; null: off.")
-    speculative_config: Eagle3DecodingConfig | None = Field(default=None, description="Speculative decoding.")
+    speculative_config: SpeculativeConfig | None = Field(default=None, description="Speculative decoding.")
     moe_config: MoeConfig | None = Field(default=None, description="MoE options.")
     enable_chunked_prefill: bool | None = Field(default=None, description="Split long prefills.")
     enable_min_latency: bool | None = Field(default=None, description="Min-latency mode (Llama 4).")
@@ -140,7 +154,7 @@ def parse_options(data: Any, where: str) -> LlmApiOptions:
 def dump_yaml(options: LlmApiOptions) -> str:
     import yaml
 
-    header = "# TensorRT-LLM LLM() arguments (trtllm-serve --config); written by trtbuild\n"
+    header = "# TensorRT-LLM LLM() arguments (trtllm-serve --extra_llm_api_options); written by trtbuild\n"
     return header + yaml.safe_dump(options.to_dict(), sort_keys=False, default_flow_style=False)
 
 
