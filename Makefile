@@ -11,8 +11,13 @@ REPORTS ?= build/reports
 # `make plan` plans every recipe, or only RECIPE when it is given (command line or environment).
 PLAN_RECIPES = $(if $(filter command line environment,$(origin RECIPE)),$(RECIPE),$(RECIPES))
 BENCH_ARGS ?=
+# The second environment: the TensorRT-LLM 1.1 container's transformers and nvidia-modelopt (CPU torch),
+# for the stages that run on the GPU host (requirements-trtllm11.txt). It runs the tests marked
+# `trtllm11` (quantize export, draft export, engine bundle, contract) beside the default .venv.
+VENV11 := .venv-trtllm11
+STAMP11 := $(VENV11)/.installed
 
-.PHONY: demo test test-fast lint validate plan build deploy bench clean-venv
+.PHONY: demo test test-fast test-trtllm11 venv-trtllm11 lint validate plan build deploy bench clean-venv
 
 ifdef SYSTEM_PYTHON
 # GPU hosts: use the Python that has TensorRT-LLM and CUDA torch (e.g. the TensorRT-LLM container's),
@@ -38,8 +43,21 @@ demo: $(STAMP)
 	$(BIN)/trtbuild bench $(RECIPE)
 	$(BIN)/trtbuild demo $(RECIPE)
 
-test: $(STAMP)
+test: $(STAMP) $(STAMP11)
 	$(BIN)/python -m pytest -q -ra
+	$(MAKE) --no-print-directory test-trtllm11
+
+$(STAMP11): requirements-trtllm11.txt constraints.txt pyproject.toml
+	@test -x $(VENV11)/bin/python || $(PYTHON) -m venv $(VENV11) || python3 -m venv $(VENV11)
+	$(VENV11)/bin/python -m pip install -q --upgrade pip
+	$(VENV11)/bin/python -m pip install -q -c constraints.txt -r requirements-trtllm11.txt
+	$(VENV11)/bin/python -m pip install -q --no-deps -e .
+	@touch $(STAMP11)
+
+venv-trtllm11: $(STAMP11)
+
+test-trtllm11: $(STAMP11)
+	$(VENV11)/bin/python -m pytest -q -ra -m trtllm11 -p no:cacheprovider
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"
@@ -72,4 +90,4 @@ bench: $(STAMP)
 	[ -s $$out ] || rm -f $$out; exit $$rc
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV11)

@@ -37,8 +37,8 @@ def write_random_draft(directory: Path, seed: int = 0) -> Path:
               "mlp.gate_proj.weight": (FFN, HIDDEN), "mlp.up_proj.weight": (FFN, HIDDEN),
               "mlp.down_proj.weight": (HIDDEN, FFN)}
     gen = torch.Generator().manual_seed(seed)
-    tensors = {f"layers.0.{name}": (0.05 * torch.randn(shapes[name], generator=gen) if name in shapes
-                                    else torch.ones(HIDDEN)) for name in LAYER_TENSORS}
+    tensors = {f"midlayer.{name}": (0.05 * torch.randn(shapes[name], generator=gen) if name in shapes
+                                   else torch.ones(HIDDEN)) for name in LAYER_TENSORS}
     tensors["fc.weight"] = 0.05 * torch.randn(HIDDEN, len(DRAFT_AUX) * HIDDEN, generator=gen)
     tensors["norm.weight"] = torch.ones(HIDDEN)
     save_file(tensors, str(directory / "model.safetensors"))

@@ -20,7 +20,7 @@ REFERENCE_CONFIG_KEYS = {"architectures", "draft_vocab_size", "eagle_config", "h
 REFERENCE_EAGLE_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state",
                         "use_input_layernorm_in_first_layer", "use_last_layernorm"}
 REFERENCE_TENSORS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t"} | {
-    f"layers.0.{name}.weight" for name in (
+    f"midlayer.{name}.weight" for name in (
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
         "mlp.up_proj", "mlp.down_proj", "input_layernorm", "hidden_norm", "post_attention_layernorm")}
 DRAFT_VOCAB = 256

@@ -50,7 +50,7 @@ def write_draft(directory: Path) -> Path:
               "self_attn.o_proj.weight": (HIDDEN, HIDDEN), "mlp.gate_proj.weight": (128, HIDDEN),
               "mlp.up_proj.weight": (128, HIDDEN), "mlp.down_proj.weight": (HIDDEN, 128)}
     generator = torch.Generator().manual_seed(0)
-    tensors = {f"layers.0.{n}": torch.randn(shapes.get(n, (HIDDEN,)), generator=generator)
+    tensors = {f"midlayer.{n}": torch.randn(shapes.get(n, (HIDDEN,)), generator=generator)
                for n in LAYER_TENSORS}
     tensors["fc.weight"] = torch.randn(HIDDEN, len(DRAFT_AUX) * HIDDEN, generator=generator)
     tensors["norm.weight"] = torch.ones(HIDDEN)

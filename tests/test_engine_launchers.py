@@ -76,7 +76,7 @@ def test_single_node_script_runs_trtllm_serve_from_the_bundle_root(tmp_path: Pat
     assert pairs["--backend"] == "pytorch"
     assert pairs["--port"] == "9123" and pairs["--host"] == "localhost"
     assert (pairs["--tp_size"], pairs["--pp_size"], pairs["--ep_size"]) == ("4", "2", "2")
-    assert pairs["--config"] == "llm_api_options.yaml"
+    assert pairs["--extra_llm_api_options"] == "llm_api_options.yaml"
     assert "--trust_remote_code" in argv
     assert argv[-2:] == ["--log_level", "debug"]
 

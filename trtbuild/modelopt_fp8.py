@@ -126,11 +126,19 @@ def quantizer_summary(model: Any) -> dict[str, list[str]]:
 
 def export_hf(model: Any, out: Path) -> None:
     """ModelOpt's unified HF checkpoint. The export packs weights to FP8 in place: the model can
-    not run afterwards, so take every fake-quant measurement before calling this."""
+    not run afterwards, so take every fake-quant measurement before calling this.
+
+    Under transformers 5 the exported config.json carries RoPE only as `rope_parameters`; the
+    transformers 4.57 of TensorRT-LLM 1.1 would then run Llama 3.1 with rope_theta 10000 and no
+    llama3 scaling, silently. The config is rewritten with top-level rope_theta / rope_scaling
+    (and torch_dtype), the form every supported release reads (trtbuild/contract: hf_config)."""
     from modelopt.torch.export import export_hf_checkpoint
+
+    from trtbuild.contract.hf_config import rewrite_config
 
     with quiet():
         export_hf_checkpoint(model, export_dir=out)
+    rewrite_config(Path(out) / "config.json")
 
 
 def export_trtllm(model: Any, out: Path) -> None:

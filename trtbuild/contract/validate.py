@@ -194,7 +194,8 @@ def check_triton_io(inputs: Iterable[Mapping[str, Any]], contract: Contract,
     known = {name: dtype for name, dtype, _, _ in contract.triton_inputs}
     out: list[Violation] = []
     for row in inputs:
-        name, dtype = str(row["name"]), str(row["data_type"])
+        dtype_value = row["data_type"]
+        name, dtype = str(row["name"]), str(getattr(dtype_value, "name", dtype_value))
         if name not in known:
             out.append(Violation(f"{where}:input.{name}", f"is not an input of the LLM-API model of "
                                  f"TensorRT-LLM {contract.version}", fact))

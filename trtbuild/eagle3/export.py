@@ -1,10 +1,12 @@
 """Export the trained draft with ModelOpt (`export_speculative_decoding`) and normalise the result.
 
 ModelOpt writes config.json (its LlamaForCausalLMEagle3 template) and model.safetensors
-(`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`). We then (a) cast the float tensors to the export
-dtype (ModelOpt casts only quantized models), (b) fill `transformers_version` and `torch_dtype`,
-(c) write `rope_scaling: null` for plain RoPE (the classic Llama form every loader reads) and
-(d) copy the target's tokenizer files so the draft's tokenizer identity can be checked later.
+(`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`). We then (a) name the decoder layer the way the
+TensorRT-LLM release loads it (`midlayer.*`: 1.1's Eagle3DraftModel does not remap `layers.0.*`;
+contract: eagle3_draft.layer_prefix), (b) cast the float tensors to the export dtype (ModelOpt
+casts only quantized models), (c) fill `transformers_version` and `torch_dtype`, (d) write RoPE as
+top-level `rope_theta` / `rope_scaling` (what transformers 4.57 reads; `rope_scaling: null` for plain
+RoPE) and (e) copy the target's tokenizer files so the draft's tokenizer identity can be checked.
 """
 
 from __future__ import annotations
@@ -20,15 +22,29 @@ from torch import nn
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "chat_template.jinja")
-CONSUMERS = ("tensorrt_llm: speculative_config.decoding_type Eagle3 (speculative_model_dir)",
+CONSUMERS = ("tensorrt_llm: speculative_config (decoding type and draft key per release: trtbuild/contract)",
              "modelopt: export_speculative_decoding layout (LlamaForCausalLMEagle3)",
              "trtbuild.runtime: load_draft")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: str) -> dict[str, Any]:
-    """Write the draft checkpoint into `out_dir` (created); returns facts for the manifest."""
+def tensorrt_llm_names(tensors: dict[str, Any], layer_prefix: str) -> dict[str, Any]:
+    """Decoder-layer tensors under `layer_prefix` (`midlayer.`) instead of ModelOpt's `layers.0.`."""
+    return {(layer_prefix + name[len("layers.0."):] if name.startswith("layers.0.") else name): t
+            for name, t in tensors.items()}
+
+
+def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: str,
+                 layer_prefix: str | None = None) -> dict[str, Any]:
+    """Write the draft checkpoint into `out_dir` (created); returns facts for the manifest.
+
+    `layer_prefix`: the decoder layer's tensor prefix the TensorRT-LLM release reads (default: the
+    default release's contract)."""
+    if layer_prefix is None:
+        from trtbuild.contract import load_contract
+
+        layer_prefix = load_contract().draft_layer_prefix
     from modelopt.torch.export import export_speculative_decoding
     from safetensors.torch import load_file, save_file
 
@@ -42,7 +58,7 @@ def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: st
 
     target_dtype = _DTYPES[dtype]
     tensors = {name: (t.to(target_dtype) if t.is_floating_point() else t.to(torch.int64)).contiguous()
-               for name, t in tensors.items()}
+               for name, t in tensorrt_llm_names(tensors, layer_prefix).items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = normalise_config(config, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -56,7 +72,9 @@ def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: st
 def normalise_config(config: dict[str, Any], dtype: str) -> dict[str, Any]:
     import transformers
 
-    config = dict(config)
+    from trtbuild.contract.hf_config import legacy_rope_keys
+
+    config = legacy_rope_keys(dict(config))
     config["torch_dtype"] = dtype
     config["transformers_version"] = config.get("transformers_version") or transformers.__version__
     scaling = config.get("rope_scaling")

@@ -2,8 +2,9 @@
 
 config.json: `architectures: ["LlamaForCausalLMEagle3"]`, the Llama keys of the draft's one
 decoder layer, `draft_vocab_size`, and `eagle_config` (aux layer ids and layer-norm switches).
-model.safetensors: `fc.weight` [hidden, n_aux * hidden], one decoder layer (`layers.0.*`, or
-`midlayer.*` from some exporters), `norm.weight`, optional `lm_head.weight` [draft_vocab, hidden]
+model.safetensors: `fc.weight` [hidden, n_aux * hidden], one decoder layer (`midlayer.*`, the name
+TensorRT-LLM loads and trtbuild writes; ModelOpt's own export says `layers.0.*`, which only newer
+TRT-LLM remaps: trtbuild/contract), `norm.weight`, optional `lm_head.weight` [draft_vocab, hidden]
 and `d2t` (int [draft_vocab]; target_id = draft_id + d2t[draft_id]).
 
 Reading here never imports torch: shapes and dtypes come from the safetensors headers.
@@ -36,7 +37,7 @@ EAGLE_CONFIG_KEYS = (
     "use_last_layernorm",
 )
 
-# The decoder layer's tensors, relative to its prefix (`layers.0.` or `midlayer.`).
+# The decoder layer's tensors, relative to its prefix (`midlayer.` or ModelOpt's `layers.0.`).
 LAYER_TENSORS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
     "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
@@ -44,7 +45,7 @@ LAYER_TENSORS = (
 )
 TOP_TENSORS = ("fc.weight", "norm.weight")
 OPTIONAL_TENSORS = ("lm_head.weight", "d2t")
-LAYER_PREFIXES = ("layers.0.", "midlayer.")
+LAYER_PREFIXES = ("midlayer.", "layers.0.")
 
 FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 INT_DTYPES = ("I64", "I32")

@@ -28,35 +28,8 @@ from trtbuild.triton.pbtxt import Enum, write_config
 HEADER = "Written by trtbuild from the recipe and the engine bundle; paths are as the server sees them."
 TRTLLM_MODEL = "tensorrt_llm"  # the C++ backend model of the inflight batcher (BLS calls it by this name)
 
-# The LLM-API model's tensors (all_models/llmapi/tensorrt_llm/config.pbtxt).
-LLMAPI_INPUTS = [
-    ("text_input", "TYPE_STRING", [-1], False), ("image_url", "TYPE_STRING", [-1], True),
-    ("streaming", "TYPE_BOOL", [1], True),
-    ("sampling_param_best_of", "TYPE_INT32", [1], True),
-    ("sampling_param_temperature", "TYPE_FP32", [1], True),
-    ("sampling_param_top_k", "TYPE_INT32", [1], True), ("sampling_param_top_p", "TYPE_FP32", [1], True),
-    ("sampling_param_frequency_penalty", "TYPE_FP32", [1], True),
-    ("sampling_param_presence_penalty", "TYPE_FP32", [1], True),
-    ("sampling_param_max_tokens", "TYPE_INT32", [1], True),
-    ("sampling_param_stop", "TYPE_STRING", [-1], True),
-    ("sampling_param_seed", "TYPE_UINT64", [1], True),
-    ("sampling_param_exclude_input_from_output", "TYPE_BOOL", [1], True),
-    ("sampling_param_return_perf_metrics", "TYPE_BOOL", [1], True),
-    ("return_finish_reason", "TYPE_BOOL", [1], True), ("return_stop_reason", "TYPE_BOOL", [1], True),
-    ("return_cumulative_logprob", "TYPE_BOOL", [1], True), ("stop", "TYPE_BOOL", [1], True),
-    ("lora_id", "TYPE_UINT64", [1], True), ("lora_name", "TYPE_STRING", [1], True),
-    ("lora_path", "TYPE_STRING", [1], True), ("lora_ckpt_source", "TYPE_STRING", [1], True),
-]
-LLMAPI_OUTPUTS = [
-    ("text_output", "TYPE_STRING", [-1]), ("finish_reason", "TYPE_STRING", [-1]),
-    ("stop_reason", "TYPE_STRING", [-1]), ("cumulative_logprob", "TYPE_FP32", [-1]),
-    ("kv_cache_reused_block", "TYPE_INT32", [-1]), ("kv_cache_missed_block", "TYPE_INT32", [-1]),
-    ("kv_cache_alloc_new_blocks", "TYPE_INT32", [-1]), ("kv_cache_alloc_total_blocks", "TYPE_INT32", [-1]),
-    ("kv_cache_hit_rate", "TYPE_FP32", [-1]), ("arrival_time_ns", "TYPE_INT64", [1]),
-    ("first_scheduled_time_ns", "TYPE_INT64", [1]), ("first_token_time_ns", "TYPE_INT64", [1]),
-    ("last_token_time_ns", "TYPE_INT64", [1]), ("acceptance_rate", "TYPE_FP32", [1]),
-    ("total_accepted_draft_tokens", "TYPE_INT32", [1]), ("total_draft_tokens", "TYPE_INT32", [1]),
-]
+# The LLM-API model's tensors, model.yaml keys and request fields are the release's
+# (trtbuild/contract: triton_llmapi), selected by the bundle's trtllm_version.
 
 
 def map_path(value: str, bundle: BundleInfo, mount: str) -> str:
@@ -85,8 +58,9 @@ def llmapi_model_yaml(config: Any, bundle: BundleInfo, max_batch_size: int) -> d
     if "tokenizer" not in args and bundle.tokenizer != bundle.served:
         args["tokenizer"] = bundle.mapped(bundle.tokenizer, mount)
     spec = args.get("speculative_config")
-    if spec and spec.get("speculative_model_dir"):
-        spec["speculative_model_dir"] = map_path(spec["speculative_model_dir"], bundle, mount)
+    for key in ("speculative_model_dir", "speculative_model"):
+        if spec and spec.get(key):
+            spec[key] = map_path(spec[key], bundle, mount)
     if max_batch_size < (args.get("max_batch_size") or max_batch_size + 1):
         args["max_batch_size"] = max_batch_size
         graphs = args.get("cuda_graph_config")
@@ -122,6 +96,10 @@ def _instances(count: int) -> list[dict[str, Any]]:
 def write_llmapi(repo: Path, config: Any, bundle: BundleInfo, max_batch_size: int) -> dict[str, Any]:
     import yaml
 
+    from trtbuild.contract import load_contract
+    from trtbuild.contract import validate as cv
+
+    contract = load_contract(bundle.trtllm_version)
     model_dir = repo / config.model_name
     (model_dir / "1").mkdir(parents=True)
     cfg: dict[str, Any] = {
@@ -129,8 +107,8 @@ def write_llmapi(repo: Path, config: Any, bundle: BundleInfo, max_batch_size: in
         "backend": "python",
         "max_batch_size": 0,
         "model_transaction_policy": {"decoupled": config.decoupled},
-        "input": _rows(LLMAPI_INPUTS),
-        "output": _rows(LLMAPI_OUTPUTS),
+        "input": _rows(contract.triton_inputs),
+        "output": _rows(contract.triton_outputs),
         "instance_group": _instances(config.instance_count),
     }
     if config.instance_count > 1:
@@ -141,11 +119,15 @@ def write_llmapi(repo: Path, config: Any, bundle: BundleInfo, max_batch_size: in
     write_config(model_dir, cfg,
                  header=HEADER + "\nTensorRT-LLM LLM-API model; model.py comes from the image.")
     args = llmapi_model_yaml(config, bundle, max_batch_size)
+    cv.raise_first(cv.check_model_yaml(args, contract, f"{config.model_name}/1/model.yaml")
+                   + cv.check_triton_io(cfg["input"], contract, f"{config.model_name}/config.pbtxt"),
+                   fix=f"see docs/gpu-path.md (engine.trtllm_version: {contract.version})")
     text = ("# TensorRT-LLM LLM() arguments (the engine bundle's llm_api_options.yaml, paths under "
             f"{config.trtllm.bundle_mount}) + triton_config. Written by trtbuild.\n"
             + yaml.safe_dump(args, sort_keys=False, default_flow_style=False))
     (model_dir / "1" / "model.yaml").write_text(text)
     return {"kind": "llmapi", "models": [config.model_name], "entry_model": config.model_name,
+            "trtllm_version": contract.version, "request_fields": contract.request_fields,
             "model_yaml": str((model_dir / "1" / "model.yaml").relative_to(repo.parent)),
             "python_models_from_image": {config.model_name: "llmapi/tensorrt_llm/1/*.py"}}
 
