@@ -197,9 +197,12 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
 @click.option("--server", "server_url", default=None, metavar="URL",
               help="Benchmark a running server (its HTTP endpoint) instead of the in-process runtime.")
 @click.option("--concurrency", default="1,2,4,8", show_default=True, help="--server: concurrency sweep.")
+@click.option("--target", "server_target", type=click.Choice(["local", "trtllm"]), default="local",
+              show_default=True, help="--server: which repository the server runs (trtllm: the GPU "
+              "deployment; requests use its field names, no in-process baseline).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str,
-          as_json: bool) -> None:
+          server_target: str, as_json: bool) -> None:
     """Plain vs speculative decoding on the same prompts (in process), or a server load test."""
     if server_url:
         from trtbuild.triton.commands import bench_deployment
@@ -207,7 +210,7 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
         loaded, artifacts = _built(recipe, overrides, "deploy", not as_json)
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
         report = bench_deployment(artifacts["deploy"], server_url, concurrency=levels,
-                                  out_dir=loaded.output_path / "bench")
+                                  out_dir=loaded.output_path / "bench", target=server_target)
     else:
         from trtbuild.progress import Progress
         from trtbuild.runtime.bench import BenchConfig, run_bench

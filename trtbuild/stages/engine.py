@@ -169,11 +169,10 @@ class EngineStage(Stage):
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, EngineConfig)
-        from trtbuild.trtllm.bundle import plugin_key_material
-
         # The archs decide the AOT cubins and the weight layouts; the plugin sources decide both; the
         # release's contract (a data file) decides the names written.
         from trtbuild.contract import load_contract
+        from trtbuild.trtllm.bundle import plugin_key_material
 
         contract = load_contract(config.trtllm_version)
         return {"gpu_archs": list(recipe.gpu_archs), "plugins": plugin_key_material(config.plugins),

@@ -76,7 +76,8 @@ def summarize(results: list[Streamed], wall_s: float | None = None) -> dict[str,
 
 
 def _run_level(url: str, model: str, prompts: Sequence[str], concurrency: int, max_tokens: int,
-               params: dict[str, Any], timeout_s: float) -> tuple[list[Streamed], list[str], float]:
+               params: dict[str, Any], timeout_s: float,
+               fields: dict[str, str] | None = None) -> tuple[list[Streamed], list[str], float]:
     import requests
 
     total = max(len(prompts), concurrency)
@@ -90,7 +91,7 @@ def _run_level(url: str, model: str, prompts: Sequence[str], concurrency: int, m
             for j in range(index, total, concurrency):
                 try:
                     results[j] = generate_stream(url, model, jobs[j], max_tokens, timeout_s=timeout_s,
-                                                 session=session, **params)
+                                                 session=session, fields=fields, **params)
                 except (RequestFailed, requests.RequestException) as exc:
                     with lock:
                         errors.append(str(exc))
@@ -107,13 +108,18 @@ def _run_level(url: str, model: str, prompts: Sequence[str], concurrency: int, m
 def bench_server(url: str, prompts: Sequence[str], concurrency: Sequence[int] = (1, 2, 4, 8), *,
                  model: str = "llm", max_tokens: int = 64, baseline: Baseline | None = None,
                  speculative: bool | None = None, out_dir: Path | None = None, timeout_s: float = 600.0,
-                 progress: Any = None) -> dict[str, Any]:
+                 progress: Any = None, request_fields: dict[str, str] | None = None) -> dict[str, Any]:
     """tokens/s/user, TTFT and ITL per concurrency level through `url` (the HTTP endpoint), and the
-    ratio of concurrency-1 tokens/s/user to the in-process `baseline` on the same prompts."""
+    ratio of concurrency-1 tokens/s/user to the in-process `baseline` on the same prompts.
+
+    `request_fields`: the served model's names for max_tokens / stream (TRT-LLM's LLM-API model:
+    sampling_param_max_tokens / streaming); default trtbuild's own."""
     if not prompts:
         raise ValueError("bench_server needs at least one prompt")
     params = {} if speculative is None else {"speculative": speculative}
-    generate_stream(url, model, prompts[0], min(max_tokens, 4), timeout_s=timeout_s, **params)  # warm-up
+    fields = request_fields
+    generate_stream(url, model, prompts[0], min(max_tokens, 4), timeout_s=timeout_s, fields=fields,
+                    **params)  # warm-up
     report: dict[str, Any] = {"url": url, "model": model, "max_tokens": max_tokens, "prompts": len(prompts),
                               "speculative": speculative, "levels": []}
 
@@ -127,7 +133,7 @@ def bench_server(url: str, prompts: Sequence[str], concurrency: Sequence[int] = 
             for who in order:
                 if who == "server":
                     served.append(generate_stream(url, model, prompt, max_tokens, timeout_s=timeout_s,
-                                                  **params))
+                                                  fields=fields, **params))
                 else:
                     local.append(baseline(prompt, max_tokens))
             same.append(served[-1].text == local[-1].text and served[-1].token_ids == local[-1].token_ids)
@@ -138,7 +144,7 @@ def bench_server(url: str, prompts: Sequence[str], concurrency: Sequence[int] = 
         report["outputs_identical"] = all(same)
 
     for level in concurrency:
-        results, errors, wall = _run_level(url, model, prompts, level, max_tokens, params, timeout_s)
+        results, errors, wall = _run_level(url, model, prompts, level, max_tokens, params, timeout_s, fields)
         row = {"concurrency": level, "errors": len(errors), **summarize(results, wall)}
         if errors:
             row["first_error"] = errors[0]

@@ -2,6 +2,11 @@
 
 Every call returns the text, the token ids and the arrival time of each piece, so the load test
 can measure time to first token and inter-token latency from what a user would see.
+
+Request field names differ by model: trtbuild's local model and TRT-LLM's inflight-batcher ensemble
+take `max_tokens` / `stream`; TRT-LLM's LLM-API model takes `sampling_param_max_tokens` / `streaming`
+and ignores the others (contract: triton_llmapi.request). `fields` maps trtbuild's names to the
+model's; the deploy stage records the mapping of the repository it wrote (deploy.json).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import json
 import queue
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,16 +94,27 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def request_body(prompt: str, max_tokens: int, fields: Mapping[str, str] | None = None, *,
+                 stream: bool | None = None, **params: Any) -> dict[str, Any]:
+    """A generate request with the model's names for max_tokens, stream and sampling parameters."""
+    names = dict(fields or {})
+    body: dict[str, Any] = {"text_input": prompt, names.get("max_tokens", "max_tokens"): max_tokens}
+    if stream is not None:
+        body[names.get("stream", "stream")] = stream
+    body.update({names.get(key, key): value for key, value in params.items()})
+    return body
+
+
 def _base(url: str) -> str:
     return url if url.startswith(("http://", "https://")) else f"http://{url}"
 
 
 def generate(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0,
-             **params: Any) -> Streamed:
+             fields: Mapping[str, str] | None = None, **params: Any) -> Streamed:
     """POST /v2/models/<model>/generate: the whole answer in one response."""
     import requests
 
-    body = {"text_input": prompt, "max_tokens": max_tokens, **params}
+    body = request_body(prompt, max_tokens, fields, **params)
     start = time.perf_counter()
     response = requests.post(f"{_base(url)}/v2/models/{model}/generate", json=body, timeout=timeout_s)
     elapsed = time.perf_counter() - start
@@ -108,11 +125,11 @@ def generate(url: str, model: str, prompt: str, max_tokens: int, timeout_s: floa
 
 
 def generate_stream(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0,
-                    session: Any = None, **params: Any) -> Streamed:
+                    session: Any = None, fields: Mapping[str, str] | None = None, **params: Any) -> Streamed:
     """POST /v2/models/<model>/generate_stream with stream=true: one server-sent event per decode step."""
     import requests
 
-    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, **params}
+    body = request_body(prompt, max_tokens, fields, stream=True, **params)
     http = session or requests
     start = time.perf_counter()
     out = Streamed()
@@ -132,13 +149,15 @@ def generate_stream(url: str, model: str, prompt: str, max_tokens: int, timeout_
     return out
 
 
-def infer(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0) -> Streamed:
+def infer(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0,
+          fields: Mapping[str, str] | None = None) -> Streamed:
     """KServe v2 POST /v2/models/<model>/infer (models without the decoupled policy)."""
     import requests
 
+    max_name = (fields or {}).get("max_tokens", "max_tokens")
     body = {"inputs": [
         {"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [prompt]},
-        {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [max_tokens]},
+        {"name": max_name, "shape": [1, 1], "datatype": "INT32", "data": [max_tokens]},
     ]}
     start = time.perf_counter()
     response = requests.post(f"{_base(url)}/v2/models/{model}/infer", json=body, timeout=timeout_s)
@@ -161,7 +180,7 @@ def _json_or_error(response: Any) -> dict[str, Any]:
 
 
 def stream_grpc(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float = 300.0,
-                stream: bool = True, **params: Any) -> Streamed:
+                stream: bool = True, fields: Mapping[str, str] | None = None, **params: Any) -> Streamed:
     """KServe v2 gRPC bidirectional stream (ModelStreamInfer), as decoupled models need."""
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -170,11 +189,14 @@ def stream_grpc(url: str, model: str, prompt: str, max_tokens: int, timeout_s: f
     client = grpcclient.InferenceServerClient(url)
     try:
         text = np.array([[prompt.encode()]], dtype=np.object_)
+        names = dict(fields or {})
         inputs = [_grpc_input(grpcclient, "text_input", text, "BYTES"),
-                  _grpc_input(grpcclient, "max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
-                  _grpc_input(grpcclient, "stream", np.array([[stream]], dtype=np.bool_), "BOOL")]
+                  _grpc_input(grpcclient, names.get("max_tokens", "max_tokens"),
+                              np.array([[max_tokens]], dtype=np.int32), "INT32"),
+                  _grpc_input(grpcclient, names.get("stream", "stream"), np.array([[stream]], dtype=np.bool_),
+                              "BOOL")]
         for name, value in params.items():
-            inputs.append(_grpc_param(grpcclient, name, value))
+            inputs.append(_grpc_param(grpcclient, names.get(name, name), value))
         start = time.perf_counter()
         client.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
@@ -209,6 +231,6 @@ def _grpc_param(grpcclient: Any, name: str, value: Any) -> Any:
 
     kinds = {bool: (np.bool_, "BOOL"), int: (np.int32, "INT32"), float: (np.float32, "FP32")}
     np_type, dtype = kinds[type(value)]
-    if name == "seed":
+    if name.endswith("seed"):
         np_type, dtype = np.uint64, "UINT64"
     return _grpc_input(grpcclient, name, np.array([[value]], dtype=np_type), dtype)

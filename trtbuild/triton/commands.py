@@ -51,23 +51,40 @@ def default_prompts(count: int = 8, chars: int = 80) -> list[str]:
     return [paragraphs[i % len(paragraphs)][:chars] for i in range(count)]
 
 
+def server_request(info: dict[str, Any], target: str) -> tuple[str, dict[str, str] | None]:
+    """(model name, request field names) of the deployment's `target` repository (local or trtllm)."""
+    if target == "trtllm":
+        trtllm = info.get("trtllm")
+        if not trtllm:
+            raise UserError("this deployment has no trtllm repository", field="deploy.target",
+                            fix="add `trtllm` to deploy.target, or bench the local model")
+        return str(trtllm["entry_model"]), trtllm.get("request_fields")
+    return str(info["model_name"]), None
+
+
 def bench_deployment(deploy_dir: Path, url: str, *, prompts: Sequence[str] | None = None,
                      concurrency: Sequence[int] = (1, 2, 4, 8), max_tokens: int = 64,
                      speculative: bool | None = None, baseline: bool = True, out_dir: Path | None = None,
-                     progress: Any = None) -> dict[str, Any]:
+                     progress: Any = None, target: str = "local") -> dict[str, Any]:
     """bench_server against `url` for the deployment's model, with the in-process runtime built
-    from the same repository parameters as the baseline (the ratio at concurrency 1)."""
+    from the same repository parameters as the baseline (the ratio at concurrency 1).
+
+    target "trtllm": the server runs the deployment's TensorRT-LLM repository (GPU host); requests
+    use that model's field names (LLM-API: sampling_param_max_tokens / streaming) and there is no
+    in-process baseline."""
     from trtbuild.triton.bench import bench_server, in_process
 
+    baseline = baseline and target == "local"
     model_dir, info = local_model_dir(deploy_dir) if baseline else (None, read_deployment(deploy_dir))
+    model_name, fields = server_request(info, target)
     reference = None
     if model_dir is not None:
         from trtbuild.triton.textgen import generator_for_model
 
         reference = in_process(generator_for_model(model_dir), speculative=speculative)
-    return bench_server(url, list(prompts or default_prompts()), concurrency, model=info["model_name"],
+    return bench_server(url, list(prompts or default_prompts()), concurrency, model=model_name,
                         max_tokens=max_tokens, baseline=reference, speculative=speculative, out_dir=out_dir,
-                        progress=progress)
+                        progress=progress, request_fields=fields)
 
 
 def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,

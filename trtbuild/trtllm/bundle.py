@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.contract import Contract, load_contract
-from trtbuild.errors import BuildError, UserError
 from trtbuild.contract import validate as contract_validate
 from trtbuild.contract.hf_config import rewrite_config
+from trtbuild.errors import BuildError, UserError
 from trtbuild.trtllm import boundary, conformance, launchers, legacy
 from trtbuild.trtllm.checks import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
