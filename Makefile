@@ -16,6 +16,8 @@ BENCH_ARGS ?=
 # `trtllm11` (quantize export, draft export, engine bundle, contract) beside the default .venv.
 VENV11 := .venv-trtllm11
 STAMP11 := $(VENV11)/.installed
+# Only these modules are collected there (the rest import triton / pytriton, absent from that stack).
+TESTS11 ?= tests/test_contract.py tests/test_trtllm11_stages.py
 
 .PHONY: demo test test-fast test-trtllm11 venv-trtllm11 lint validate plan build deploy bench clean-venv
 
@@ -57,7 +59,7 @@ $(STAMP11): requirements-trtllm11.txt constraints.txt pyproject.toml
 venv-trtllm11: $(STAMP11)
 
 test-trtllm11: $(STAMP11)
-	$(VENV11)/bin/python -m pytest -q -ra -m trtllm11 -p no:cacheprovider
+	$(VENV11)/bin/python -m pytest -q -ra -m trtllm11 -p no:cacheprovider $(TESTS11)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"

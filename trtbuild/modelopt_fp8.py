@@ -81,6 +81,8 @@ def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
     import modelopt.torch.quantization as mtq
 
     cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
+    if isinstance(cfg["quant_cfg"], dict):
+        return _quant_config_dict(cfg, mtq.FP8_KV_CFG, kv_cache=kv_cache, excluded=excluded)
     entries = [e for e in cfg["quant_cfg"]
                if not (e.get("quantizer_name") in _PRESET_LM_HEAD and e.get("enable") is False)]
     if kv_cache:
@@ -88,6 +90,18 @@ def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
     # Later entries win in ModelOpt's list form, so exclusions go last.
     entries += [{"quantizer_name": f"{name}.*", "enable": False} for name in excluded]
     cfg["quant_cfg"] = entries
+    return cfg
+
+
+def _quant_config_dict(cfg: dict[str, Any], kv_cfg: dict[str, Any], *, kv_cache: bool,
+                       excluded: list[str]) -> dict[str, Any]:
+    """The same config in the pattern -> settings form of older ModelOpt (0.37, the TensorRT-LLM 1.1
+    container's): later patterns win there too, so exclusions go last."""
+    quant = {k: v for k, v in cfg["quant_cfg"].items() if k not in _PRESET_LM_HEAD}
+    if kv_cache:
+        quant.update({k: copy.deepcopy(v) for k, v in kv_cfg["quant_cfg"].items() if k != "default"})
+    quant.update({f"{name}.*": {"enable": False} for name in excluded})
+    cfg["quant_cfg"] = quant
     return cfg
 
 

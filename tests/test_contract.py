@@ -1,0 +1,252 @@
+"""The GPU path against each supported TensorRT-LLM release's contract (trtbuild/contract/).
+
+The two GPU recipes are rendered on their stand-ins (options YAML, trtllm-serve argv, Triton
+LLM-API model.yaml and config.pbtxt inputs, requests) for every contract and must be accepted;
+each rule that differs between releases is shown to fire on the release that has it, with a
+one-line error naming the upstream fact. Tests marked trtllm11 also run in .venv-trtllm11 (the
+TensorRT-LLM 1.1 container's transformers / nvidia-modelopt).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtbuild.contract import DEFAULT_VERSION, available_versions, load_contract
+from trtbuild.contract import validate as cv
+from trtbuild.contract.hf_config import legacy_rope_keys
+from trtbuild.errors import UserError
+from trtbuild.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_RECIPES = ["recipes/llama-3.1-8b-instruct-fp8-eagle3.yaml", "recipes/llama-4-maverick-fp8-eagle3-tp8.yaml"]
+VERSIONS = available_versions()
+
+pytestmark = pytest.mark.trtllm11
+
+
+def test_two_releases_are_supported_and_the_default_is_the_triton_images() -> None:
+    assert "1.1.0" in VERSIONS and len(VERSIONS) >= 2
+    assert DEFAULT_VERSION == "1.1.0"
+    deploy_image = ROOT / "trtbuild" / "stages" / "deploy.py"
+    assert "tritonserver:25.12-trtllm-python-py3" in deploy_image.read_text()
+    assert load_contract("1.1.0").section("release")["triton_image"].endswith("25.12-trtllm-python-py3")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_fact_names_an_upstream_path_at_a_commit(version: str) -> None:
+    contract = load_contract(version)
+    for source_id, where in contract.sources.items():
+        assert "@" in where or "github.com/" in where, (source_id, where)
+    # Every section's source ids resolve to a declared source.
+    for name, section in contract.data.items():
+        if isinstance(section, dict):
+            for key, value in section.items():
+                if key.endswith("source") and isinstance(value, str):
+                    assert value in contract.sources, (version, name, key, value)
+
+
+def _render(recipe_path: str, version: str):  # type: ignore[no-untyped-def]
+    """Options, serve argv and Triton model.yaml of a GPU recipe on its stand-in, for `version`."""
+    from trtbuild.trtllm.bundle import build_options
+    from trtbuild.trtllm.checks import has_draft
+    from trtbuild.trtllm.conformance import serve_spec
+    from trtbuild.trtllm.facts import target_facts
+    from trtbuild.trtllm.launchers import serve_argv
+    from trtbuild.triton.bundle_info import BundleInfo
+    from trtbuild.triton.repo_trtllm import llmapi_model_yaml
+
+    recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
+    contract = load_contract(version)
+    engine = recipe.engine
+    options = build_options(engine, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
+                            contract=contract)
+    argv = serve_argv(serve_spec(engine, recipe, contract, served="target", tokenizer=None, module_dir=None))
+    bundle = BundleInfo(root=ROOT, backend="pytorch", served="target", tokenizer="target", draft="draft",
+                        options=options, tensor_parallel=engine.tensor_parallel,
+                        pipeline_parallel=engine.pipeline_parallel, trtllm_version=version)
+    model_yaml = llmapi_model_yaml(recipe.deploy, bundle, recipe.deploy.max_batch_size or engine.max_batch_size)
+    return recipe, contract, options.to_dict(), argv, model_yaml
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("recipe_path", GPU_RECIPES)
+def test_gpu_recipes_are_accepted_by_every_release(recipe_path: str, version: str) -> None:
+    recipe, contract, options, argv, model_yaml = _render(recipe_path, version)
+    assert cv.check_llm_args(options, contract) == []
+    assert cv.check_serve_argv(argv, contract) == []
+    assert cv.check_model_yaml(model_yaml, contract) == []
+    rows = [{"name": n, "data_type": t} for n, t, _, _ in contract.triton_inputs]
+    assert cv.check_triton_io(rows, contract) == []
+    spec = options["speculative_config"]
+    # The names are the release's: Eagle / speculative_model_dir in 1.1, Eagle3 / speculative_model after.
+    assert spec["decoding_type"] == contract.eagle3_decoding_type
+    assert spec[contract.draft_model_key] == "./draft"
+    assert argv[argv.index(contract.serve_options_flag) + 1] == "llm_api_options.yaml"
+    mount = recipe.deploy.trtllm.bundle_mount
+    assert model_yaml["speculative_config"][contract.draft_model_key] == f"{mount}/draft"
+
+
+def test_what_one_release_writes_the_other_rejects_where_they_differ() -> None:
+    _, old, options_11, argv_11, _ = _render(GPU_RECIPES[1], "1.1.0")
+    _, new, options_new, argv_new, _ = _render(GPU_RECIPES[1], "main-0004396")
+    # Issue 11, item 1: 1.1 knows only `Eagle`.
+    bad = cv.check_llm_args(options_new, old)
+    assert [v.field for v in bad] == ["llm_api_options.yaml:speculative_config.decoding_type"]
+    assert "Eagle3" in bad[0].message and "@" in bad[0].fact
+    # Item 2: 1.1's trtllm-serve has no --config.
+    assert [v.field for v in cv.check_serve_argv(argv_new, old)] == ["launch/serve.sh:--config"]
+    # The newer release still reads what 1.1 writes (Eagle is converted; --extra_llm_api_options stays).
+    assert cv.check_llm_args(options_11, new) == [] and cv.check_serve_argv(argv_11, new) == []
+
+
+def test_validate_exits_2_with_one_line_naming_the_field_and_the_fact() -> None:
+    recipe = ROOT / GPU_RECIPES[0]
+    done = subprocess.run([sys.executable, "-c", "from trtbuild.cli import main; main()", "validate", str(recipe),
+                           "--set", "engine.llm_api_options={moe_config: {backend: WIDEEP2}}"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "moe_config.backend" in line and "upstream: NVIDIA/TensorRT-LLM:tensorrt_llm/llmapi/llm_args.py@" in line
+
+
+@pytest.mark.parametrize("version, sizes, top, ok", [
+    ("1.1.0", [1, 2, 8], 8, False),  # 1.1: both only if batch_sizes is its own generated list
+    ("1.1.0", [1, 2, 8], 0, True),
+    ("main-0004396", [1, 2, 8], 8, True),  # main: both if max_batch_size == max(batch_sizes)
+    ("main-0004396", [1, 2, 8], 4, False),
+])
+def test_cuda_graph_pair_rule_is_the_releases(version: str, sizes: list[int], top: int, ok: bool) -> None:
+    section = {"batch_sizes": sizes} | ({"max_batch_size": top} if top else {})
+    found = cv.check_llm_args({"cuda_graph_config": section}, load_contract(version))
+    assert (found == []) is ok, found
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_enums_and_unknown_fields(version: str) -> None:
+    contract = load_contract(version)
+    assert cv.check_llm_args({"moe_config": {"backend": "TRTLLM"}}, contract) == []
+    assert cv.check_llm_args({"moe_config": {"backend": "trtllm"}}, contract)  # a Literal, case matters
+    assert cv.check_llm_args({"kv_cache_config": {"tokens_per_block": 64, "dtype": "fp8"}}, contract) == []
+    assert cv.check_llm_args({"kv_cache_config": {"free_gpu_mem_fraction": 0.5}}, contract)
+    assert cv.check_llm_args({"enable_min_latency": "yes"}, contract)  # a bool
+    assert cv.check_llm_args({"tensor_paralel_size": 2}, contract)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_ngram_speculation_is_checked_generically(version: str) -> None:
+    contract = load_contract(version)
+    good = {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+    assert cv.check_speculative(good, contract) == []
+    assert cv.check_speculative(good | {"prompt_lookup_num_tokens": 4}, contract)  # an older release's name
+    assert cv.check_speculative(good | {"max_matching_ngram_size": 0}, contract)
+
+
+def test_launcher_flags_and_backends_the_release_lacks() -> None:
+    old, new = load_contract("1.1.0"), load_contract("main-0004396")
+    argv = ["trtllm-serve", "./engine", "--backend", "tensorrt", "--custom_module_dirs", "./plugins/x",
+            "--extra_llm_api_options", "llm_api_options.yaml"]
+    assert [v.field for v in cv.check_serve_argv(argv, old)] == ["launch/serve.sh:--custom_module_dirs"]
+    assert [v.field for v in cv.check_serve_argv(argv, new)] == ["launch/serve.sh:--backend"]
+    assert cv.check_engine_builder(old) == [] and cv.check_engine_builder(new)
+
+
+def test_engine_stage_refuses_tensorrt_on_a_release_without_trtllm_build() -> None:
+    recipe = load_recipe(ROOT / "recipes/tiny-cpu.yaml", ["engine.trtllm_version=main-0004396",
+                                                          "engine.backend=tensorrt", "draft.source=none",
+                                                          "quantize.export=trtllm_checkpoint", "engine.plugins=[]"])
+    from trtbuild.trtllm.checks import engine_problems
+
+    problems = engine_problems(recipe.engine, recipe)
+    assert any("trtllm-build" in p and "tensorrt-backend-removal.md@" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_requests_use_the_llmapi_models_field_names(version: str) -> None:
+    from trtbuild.triton.client import request_body
+
+    contract = load_contract(version)
+    ours = request_body("hi", 16, stream=True, temperature=0.0)
+    ignored = cv.check_request(ours, contract)
+    assert {v.field for v in ignored} == {"request:max_tokens", "request:stream", "request:temperature"}
+    theirs = request_body("hi", 16, contract.request_fields, stream=True, temperature=0.0)
+    assert theirs == {"text_input": "hi", "sampling_param_max_tokens": 16, "streaming": True,
+                      "sampling_param_temperature": 0.0}
+    assert cv.check_request(theirs, contract) == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_draft_tensor_names(version: str) -> None:
+    contract = load_contract(version)
+    draft = contract.section("eagle3_draft")
+    midlayer = ["fc.weight", "norm.weight", "lm_head.weight", "d2t"] + [
+        f"midlayer.{name}" for name in draft["layer_tensors"]]
+    assert cv.check_draft_tensors(midlayer, contract) == []
+    modelopt_047 = [n.replace("midlayer.", "layers.0.") for n in midlayer]
+    bad = cv.check_draft_tensors(modelopt_047, contract)
+    assert len(bad) == 1 and "layers.0." in bad[0].message and "midlayer." in bad[0].message
+    assert cv.check_draft_tensors(midlayer[1:], contract)[0].field.endswith("fc.weight")
+
+
+LLAMA31_ROPE = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _transformers5_config() -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "vocab_size": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "dtype": "bfloat16",
+            "rope_parameters": dict(LLAMA31_ROPE)}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rope_parameters_only_is_a_violation_and_the_rewrite_fixes_it(version: str) -> None:
+    contract = load_contract(version)
+    config = _transformers5_config()
+    found = cv.check_hf_config(config, contract)
+    assert {v.field for v in found} == {"target/config.json:rope_theta", "target/config.json:rope_scaling"}
+    fixed = legacy_rope_keys(config)
+    assert cv.check_hf_config(fixed, contract) == []
+    assert fixed["rope_theta"] == 500000.0 and fixed["rope_scaling"]["rope_type"] == "llama3"
+    assert fixed["rope_parameters"] == LLAMA31_ROPE and fixed["torch_dtype"] == "bfloat16"
+    # Llama 4: the text config carries RoPE.
+    llama4 = {"model_type": "llama4", "text_config": dict(config, model_type="llama4_text")}
+    assert [v.field for v in cv.check_hf_config(llama4, contract)][0].startswith(
+        "target/config.json:text_config.rope_theta")
+    assert cv.check_hf_config(legacy_rope_keys(llama4), contract) == []
+
+
+def test_the_installed_transformers_reads_the_rewritten_rope(tmp_path: Path) -> None:
+    """What the rewrite is for: LlamaConfig (4.57.1 in .venv-trtllm11, 5.x in .venv) reads theta
+    500000 and llama3 scaling factor 8; from the transformers-5 form 4.57 would read 10000."""
+    import transformers
+
+    (tmp_path / "config.json").write_text(json.dumps(legacy_rope_keys(_transformers5_config())))
+    config = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    scaling = getattr(config, "rope_scaling", None) or params
+    assert theta == 500000.0
+    assert scaling["rope_type"] == "llama3" and scaling["factor"] == 8.0
+    if transformers.__version__.startswith("4."):
+        (tmp_path / "config.json").write_text(json.dumps(_transformers5_config()))
+        assert transformers.AutoConfig.from_pretrained(str(tmp_path)).rope_theta == 10000.0
+
+
+def test_unknown_version_is_a_one_line_user_error() -> None:
+    with pytest.raises(UserError, match="no TensorRT-LLM contract for version '0.9'"):
+        load_contract("0.9")
+
+
+def test_shipped_recipes_validate_on_both_releases() -> None:
+    for recipe_path in GPU_RECIPES + ["recipes/tiny-cpu.yaml"]:
+        for version in VERSIONS:
+            recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
+            from trtbuild.preflight import problems
+
+            assert problems(recipe) == [], (recipe_path, version)
