@@ -52,13 +52,13 @@ def test_every_fact_names_an_upstream_path_at_a_commit(version: str) -> None:
 
 def _render(recipe_path: str, version: str):  # type: ignore[no-untyped-def]
     """Options, serve argv and Triton model.yaml of a GPU recipe on its stand-in, for `version`."""
+    from trtbuild.triton.bundle_info import BundleInfo
+    from trtbuild.triton.repo_trtllm import llmapi_model_yaml
     from trtbuild.trtllm.bundle import build_options
     from trtbuild.trtllm.checks import has_draft
     from trtbuild.trtllm.conformance import serve_spec
     from trtbuild.trtllm.facts import target_facts
     from trtbuild.trtllm.launchers import serve_argv
-    from trtbuild.triton.bundle_info import BundleInfo
-    from trtbuild.triton.repo_trtllm import llmapi_model_yaml
 
     recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
     contract = load_contract(version)

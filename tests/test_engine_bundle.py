@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from trtbuild.contract.hf_config import legacy_rope_keys
 from draft_fixtures import write_target
 
 from trtbuild.errors import UserError
@@ -107,10 +109,15 @@ def test_pytorch_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert [line for line in progress.lines if "tensorrt_llm is not importable" in line] == progress.lines[:1]
     assert result.metrics["tensorrt_llm"] == "absent"
 
-    # Target and draft are hard links to the input artifacts' files, not copies.
+    # Target and draft are hard links to the input artifacts' files, not copies; config.json alone is
+    # rewritten with RoPE at the top level (the form TRT-LLM 1.1's transformers reads), the input kept.
     source = artifacts["model"] / "hf"
     for file in source.iterdir():
-        assert _same_file(bundle / "target" / file.name, file), file.name
+        if file.name != "config.json":
+            assert _same_file(bundle / "target" / file.name, file), file.name
+    original, served = (json.loads(p.read_text()) for p in (source / "config.json", bundle / "target" / "config.json"))
+    assert "rope_parameters" in original and "rope_theta" not in original
+    assert served == legacy_rope_keys(original) and served["rope_theta"] == original["rope_parameters"]["rope_theta"]
     draft_weights = artifacts["draft"] / "eagle3" / "model.safetensors"
     assert _same_file(bundle / "draft" / "model.safetensors", draft_weights)
     assert result.metrics["bytes_linked"] > 50 * result.metrics["bytes_written"]
@@ -126,7 +133,7 @@ def test_pytorch_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert data["cuda_graph_config"] == {"batch_sizes": [1, 2, 4], "enable_padding": False}
     assert data["enable_autotuner"] is False
     spec = data["speculative_config"]
-    assert spec["decoding_type"] == "Eagle3" and spec["max_draft_len"] == 3 and spec["eagle3_one_model"]
+    assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 3 and spec["eagle3_one_model"]  # 1.1.0
     assert spec["eagle3_layers_to_capture"] == DRAFT_AUX
     assert (bundle / spec["speculative_model_dir"]).is_dir()  # relative to the bundle root
 
@@ -303,12 +310,12 @@ def test_maverick_record_recipe(tmp_path: Path) -> None:
                                                                     default_layers}}))
     facts = facts_from_config(MAVERICK_CONFIG, "config.json")
     options = build_options(recipe.engine, recipe, facts, draft).to_dict()
-    # The blog's extra_llm_api_options, key by key (it spells the decoding type "Eagle", TRT-LLM 0.20).
+    # The blog's extra_llm_api_options, key by key (it spells the decoding type "Eagle", as 1.1.0 does).
     assert options["enable_autotuner"] is False and options["enable_attention_dp"] is False
     assert options["enable_min_latency"] is True
     assert options["cuda_graph_config"]["max_batch_size"] == 8
     assert options["kv_cache_config"] == {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.75}
-    assert options["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 3,
+    assert options["speculative_config"] == {"decoding_type": "Eagle", "max_draft_len": 3,
                                              "speculative_model_dir": "./draft", "eagle3_one_model": True}
     # ... and its command-line flags --tp_size 8 --ep_size 1, as LLM() arguments.
     assert options["tensor_parallel_size"] == 8 and options["moe_expert_parallel_size"] == 1
