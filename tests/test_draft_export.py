@@ -64,6 +64,12 @@ def test_names_and_keys_follow_the_reference(converted) -> None:  # type: ignore
         fc, d2t = handle.get_tensor("fc.weight"), handle.get_tensor("d2t")
         head = handle.get_tensor("lm_head.weight")
     assert names == REFERENCE_TENSORS
+    # ... which is what TensorRT-LLM 1.1.0 (the Triton image's release) and the newest source load.
+    from trtbuild.contract import available_versions, load_contract
+    from trtbuild.contract.validate import check_draft_dir
+
+    for version in available_versions():
+        assert check_draft_dir(draft_dir, load_contract(version)) == [], version
     assert list(fc.shape) == [64, 2 * 64]  # hidden x (n_aux * hidden)
     assert d2t.dtype == torch.int64 and (torch.arange(DRAFT_VOCAB) + d2t).tolist() == chosen
     assert list(head.shape) == [DRAFT_VOCAB, 64]
