@@ -57,7 +57,7 @@ def test_export_format_is_what_the_loader_reads(pair):
     cfg = json.loads((root / "eagle3" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == DRAFT_VOCAB
     assert state["fc.weight"].shape == (64, 64 * len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]))
-    assert state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 64
+    assert state["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * 64
     assert state["d2t"].dtype == torch.int64 and state["d2t"].shape == (DRAFT_VOCAB,)
     draft = load_draft(root / "eagle3", load_target(root / "target"))
     assert draft.aux_layers == tuple(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
@@ -102,19 +102,17 @@ def test_standard_first_norm_is_the_trtllm_formula(pair):
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(logits, ref_logits, atol=1e-4)
 
 
-def test_layers0_naming_and_lm_head_fallback(pair, tmp_path):
-    """The export names the layer midlayer.* (what TRT-LLM loads); ModelOpt's own layers.0.* loads too."""
+def test_midlayer_naming_and_lm_head_fallback(pair, tmp_path):
     root, _ = pair
     from safetensors.torch import load_file, save_file
 
     target = load_target(root / "target")
     prompt = torch.arange(10, 22)
     ref = runtime_chain(target, load_draft(root / "eagle3", target), prompt, 4)
-    renamed = tmp_path / "layers0"
+    renamed = tmp_path / "midlayer"
     shutil.copytree(root / "eagle3", renamed)
     state = load_file(str(renamed / "model.safetensors"))
-    assert any(k.startswith("midlayer.") for k in state)
-    state = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+    state = {k.replace("layers.0.", "midlayer."): v for k, v in state.items()}
     save_file(state, str(renamed / "model.safetensors"))
     assert runtime_chain(target, load_draft(renamed, target), prompt, 4) == ref
     # without lm_head and d2t (full draft vocab) the target's lm_head is used
