@@ -250,3 +250,10 @@ def test_shipped_recipes_validate_on_both_releases() -> None:
             from trtbuild.preflight import problems
 
             assert problems(recipe) == [], (recipe_path, version)
+
+
+def test_multi_instance_llmapi_needs_a_release_whose_model_reads_gpu_device_ids() -> None:
+    params = {"gpu_device_ids": "0,1;2,3"}
+    assert [v.field for v in cv.check_triton_parameters(params, load_contract("1.1.0"))] == [
+        "config.pbtxt:parameters.gpu_device_ids"]
+    assert cv.check_triton_parameters(params, load_contract("main-0004396")) == []

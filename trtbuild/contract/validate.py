@@ -205,6 +205,16 @@ def check_triton_io(inputs: Iterable[Mapping[str, Any]], contract: Contract,
     return out
 
 
+def check_triton_parameters(parameters: Mapping[str, Any], contract: Contract,
+                            where: str = "config.pbtxt") -> list[Violation]:
+    """config.pbtxt `parameters` of the LLM-API model: only those the release's model reads."""
+    triton = contract.section("triton_llmapi")
+    fact = contract.fact(triton.get("parameters_source", triton.get("model_yaml_source")))
+    known = set(triton.get("parameters", []))
+    return [Violation(f"{where}:parameters.{key}", f"is not read by the LLM-API model of TensorRT-LLM "
+                      f"{contract.version}", fact) for key in parameters if key not in known]
+
+
 def check_request(body: Mapping[str, Any], contract: Contract, where: str = "request") -> list[Violation]:
     """A generate / infer request body for the LLM-API model: every field must be one of its inputs."""
     triton = contract.section("triton_llmapi")

@@ -120,7 +120,9 @@ def write_llmapi(repo: Path, config: Any, bundle: BundleInfo, max_batch_size: in
                  header=HEADER + "\nTensorRT-LLM LLM-API model; model.py comes from the image.")
     args = llmapi_model_yaml(config, bundle, max_batch_size)
     cv.raise_first(cv.check_model_yaml(args, contract, f"{config.model_name}/1/model.yaml")
-                   + cv.check_triton_io(cfg["input"], contract, f"{config.model_name}/config.pbtxt"),
+                   + cv.check_triton_io(cfg["input"], contract, f"{config.model_name}/config.pbtxt")
+                   + cv.check_triton_parameters(cfg.get("parameters", {}), contract,
+                                                f"{config.model_name}/config.pbtxt"),
                    fix=f"see docs/gpu-path.md (engine.trtllm_version: {contract.version})")
     text = ("# TensorRT-LLM LLM() arguments (the engine bundle's llm_api_options.yaml, paths under "
             f"{config.trtllm.bundle_mount}) + triton_config. Written by trtbuild.\n"

@@ -69,4 +69,24 @@ def recipe_violations(config: EngineConfig, recipe: Any) -> list[Violation]:
     spec = serve_spec(config, recipe, contract, served=served,
                       tokenizer=None if config.backend == "pytorch" else "tokenizer",
                       module_dir="plugins/trtllm_plugins" if config.plugins else None)
-    return emitted_violations(options, spec, config, contract)
+    found = emitted_violations(options, spec, config, contract)
+    deploy = getattr(recipe, "deploy", None)
+    if deploy is not None and "trtllm" in deploy.target and config.backend == "pytorch":
+        found += _llmapi_violations(config, deploy, options, contract)
+    return found
+
+
+def _llmapi_violations(config: EngineConfig, deploy: Any, options: LlmApiOptions,
+                       contract: Contract) -> list[Violation]:
+    """The Triton LLM-API model.yaml and config.pbtxt parameters the deploy stage would write."""
+    from trtbuild.triton.bundle_info import BundleInfo
+    from trtbuild.triton.repo_trtllm import llmapi_model_yaml
+
+    bundle = BundleInfo(root=Path("."), backend="pytorch", served="target", tokenizer="target", draft="draft",
+                        options=options, tensor_parallel=config.tensor_parallel,
+                        pipeline_parallel=config.pipeline_parallel, trtllm_version=contract.version)
+    name = deploy.model_name
+    model_yaml = llmapi_model_yaml(deploy, bundle, deploy.max_batch_size or config.max_batch_size)
+    params = {"gpu_device_ids": ""} if deploy.instance_count > 1 else {}
+    return (cv.check_model_yaml(model_yaml, contract, f"repo_trtllm/{name}/1/model.yaml")
+            + cv.check_triton_parameters(params, contract, f"repo_trtllm/{name}/config.pbtxt"))
