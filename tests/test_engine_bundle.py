@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from trtbuild.contract.hf_config import legacy_rope_keys
 from draft_fixtures import write_target
 
+from trtbuild.contract.hf_config import legacy_rope_keys
 from trtbuild.errors import UserError
 from trtbuild.progress import Progress
 from trtbuild.recipe import load_recipe
