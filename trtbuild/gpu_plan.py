@@ -138,10 +138,13 @@ def _engine_step(recipe: Any, params: int) -> list[str]:
     draft = recipe.stage_config("draft")
     spec = ""
     if draft is not None and draft.source != "none":
-        spec = (f", speculative_config Eagle3 max_draft_len {engine.draft_len or draft.max_draft_len} "
+        from trtbuild.contract import load_contract
+
+        kind = load_contract(engine.trtllm_version).eagle3_decoding_type
+        spec = (f", speculative_config {kind} max_draft_len {engine.draft_len or draft.max_draft_len} "
                 f"(one model: {engine.eagle3_one_model})")
     per_gpu = params / world  # FP8: one byte per parameter
-    return [f"     engine: TensorRT-LLM {engine.backend} bundle: llm_api_options.yaml "
+    return [f"     engine: TensorRT-LLM {engine.trtllm_version} {engine.backend} bundle: llm_api_options.yaml "
             f"(tp {engine.tensor_parallel}, pp {engine.pipeline_parallel}, ep {engine.expert_parallel}, "
             f"max_batch_size {engine.max_batch_size}{spec}), launch/serve.sh, mpirun.sh, slurm.sbatch; "
             f"~{_gb(per_gpu)} of FP8 weights per GPU; with tensorrt_llm importable and a GPU visible, "
