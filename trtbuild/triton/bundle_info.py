@@ -31,6 +31,7 @@ class BundleInfo:
     pipeline_parallel: int = 1
     env: dict[str, str] = field(default_factory=dict)
     engine_dir: str | None = None  # backend tensorrt: where trtllm-build writes the engine
+    python_path: str | None = None  # bundle dir the server's PYTHONPATH needs (the GEMM-plugin module)
 
     @property
     def world_size(self) -> int:
@@ -85,4 +86,6 @@ def read_bundle(root: Path) -> BundleInfo:
         tokenizer=info.get("tokenizer") or served, draft=info.get("draft"), options=options,
         tensor_parallel=int(parallel.get("tensor", options.tensor_parallel_size)),
         pipeline_parallel=int(parallel.get("pipeline", options.pipeline_parallel_size)),
-        env=dict(info.get("env") or {}), engine_dir=legacy.get("engine_dir"))
+        env=dict(info.get("env") or {}), engine_dir=legacy.get("engine_dir"),
+        python_path=(((info.get("gemm_plugin") or {}).get("loaded_by") or {}).get("triton_llmapi") or {})
+        .get("python_path"))

@@ -162,3 +162,12 @@ def describe(settings: Any, archs: list[str], release: str) -> list[str]:
                          f"TensorRT-LLM's GEMMs; loaded as {MODULE_DIR}/{PACKAGE} (TensorRT-LLM {release} "
                          "convention)")
     return lines
+
+
+def plan_notes(recipe: Any) -> list[str]:
+    """`trtbuild plan` lines: the GEMM plugin per arch, or nothing when the recipe has none."""
+    engine = recipe.stage_config("engine")
+    if engine is None or engine.gemm_plugin is None:
+        return []
+    return ["gemm plugin (engine.gemm_plugin):",
+            *(f"  {line}" for line in describe(engine.gemm_plugin, list(recipe.gpu_archs), DEFAULT_RELEASE))]
