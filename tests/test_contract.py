@@ -65,11 +65,13 @@ def _render(recipe_path: str, version: str):  # type: ignore[no-untyped-def]
     engine = recipe.engine
     options = build_options(engine, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
                             contract=contract)
-    argv = serve_argv(serve_spec(engine, recipe, contract, served="target", tokenizer=None, module_dir=None))
+    spec = serve_spec(engine, recipe, contract, served="target")
+    argv = serve_argv(spec)
     bundle = BundleInfo(root=ROOT, backend="pytorch", served="target", tokenizer="target", draft="draft",
                         options=options, tensor_parallel=engine.tensor_parallel,
                         pipeline_parallel=engine.pipeline_parallel, trtllm_version=version)
     model_yaml = llmapi_model_yaml(recipe.deploy, bundle, recipe.deploy.max_batch_size or engine.max_batch_size)
+    assert spec.python_path == "trtllm_module"  # both GPU recipes enable engine.gemm_plugin
     return recipe, contract, options.to_dict(), argv, model_yaml
 
 
@@ -79,6 +81,11 @@ def test_gpu_recipes_are_accepted_by_every_release(recipe_path: str, version: st
     recipe, contract, options, argv, model_yaml = _render(recipe_path, version)
     assert cv.check_llm_args(options, contract) == []
     assert cv.check_serve_argv(argv, contract) == []
+    assert cv.check_module_launch(argv, "trtllm_module", "trtllm_module/trtbuild_gemm", contract) == []
+    # The GEMM-plugin module: trtllm-serve's custom-module flag only where the release has one.
+    flag = contract.custom_module_flag
+    passed = [argv[i + 1] for i, a in enumerate(argv) if a == "--custom_module_dirs"]
+    assert passed == (["./trtllm_module/trtbuild_gemm"] if flag else [])
     assert cv.check_model_yaml(model_yaml, contract) == []
     rows = [{"name": n, "data_type": t} for n, t, _, _ in contract.triton_inputs]
     assert cv.check_triton_io(rows, contract) == []
@@ -98,10 +105,48 @@ def test_what_one_release_writes_the_other_rejects_where_they_differ() -> None:
     bad = cv.check_llm_args(options_new, old)
     assert [v.field for v in bad] == ["llm_api_options.yaml:speculative_config.decoding_type"]
     assert "Eagle3" in bad[0].message and "@" in bad[0].fact
-    # Item 2: 1.1's trtllm-serve has no --config.
-    assert [v.field for v in cv.check_serve_argv(argv_new, old)] == ["launch/serve.sh:--config"]
-    # The newer release still reads what 1.1 writes (Eagle is converted; --extra_llm_api_options stays).
+    # Item 2: 1.1's trtllm-serve has no --config, nor --custom_module_dirs (the module goes by PYTHONPATH).
+    assert [v.field for v in cv.check_serve_argv(argv_new, old)] == ["launch/serve.sh:--custom_module_dirs",
+                                                                       "launch/serve.sh:--config"]
+    module = "trtllm_module/trtbuild_gemm"
+    assert [v.field for v in cv.check_module_launch(argv_new, "trtllm_module", module, old)] == \
+        ["launch/serve.sh:--custom_module_dirs"]
+    # Newer main imports out-of-tree modules with --custom_module_dirs: a 1.1 launch that lacks it is caught.
+    missing = cv.check_module_launch(argv_11, "trtllm_module", module, new)
+    assert [v.field for v in missing] == ["launch/serve.sh:--custom_module_dirs"]
+    assert "serve.py@" in missing[0].fact
+    # The newer release still reads 1.1's options and flags (Eagle is converted; --extra_llm_api_options stays).
     assert cv.check_llm_args(options_11, new) == [] and cv.check_serve_argv(argv_11, new) == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_module_needs_pythonpath_on_every_release(version: str) -> None:
+    contract = load_contract(version)
+    argv = ["trtllm-serve", "./target", "--custom_module_dirs", "./trtllm_module/trtbuild_gemm"]
+    found = cv.check_module_launch(argv, None, "trtllm_module/trtbuild_gemm", contract)
+    assert "launch/serve.sh:PYTHONPATH" in [v.field for v in found]
+    workers = next(v for v in found if v.field.endswith("PYTHONPATH"))
+    assert "sys.path" in workers.message and "mpi_session.py" in workers.fact
+    script = "#!/usr/bin/env bash\nexport PYTHONPATH=\"$PWD/elsewhere\"\nexec trtllm-serve ./target\n"
+    assert cv.check_module_environment(script, "trtllm_module", contract, "launch/serve.sh")
+    assert cv.check_module_environment(script.replace("elsewhere", "trtllm_module"), "trtllm_module", contract,
+                                       "launch/serve.sh") == []
+    triton = cv.check_module_environment(script, "/bundle/trtllm_module", contract, "start_in_container.sh",
+                                         triton=True)
+    assert triton and "Triton model" in triton[0].message and "@" in triton[0].fact
+
+
+def test_each_release_records_the_fp8_linear_the_module_patches() -> None:
+    from trtbuild.contract import module_conventions
+
+    conventions = module_conventions()
+    assert sorted(conventions) == sorted(VERSIONS)
+    for version, conv in conventions.items():
+        assert "linear.py@" in conv["source"], version
+        assert conv["linear"]["fp8_method_class"] == "FP8QDQLinearMethod"
+        assert conv["linear"]["apply_params"][:4] == ["self", "module", "input", "bias"]
+    assert conventions["1.1.0"]["linear"]["output_buffer_kind"] is None
+    assert conventions["main-0004396"]["linear"]["output_buffer_kind"]["param"] == "output_buffer_kind"
 
 
 def test_validate_exits_2_with_one_line_naming_the_field_and_the_fact() -> None:
@@ -153,17 +198,7 @@ def test_launcher_flags_and_backends_the_release_lacks() -> None:
             "--extra_llm_api_options", "llm_api_options.yaml"]
     assert [v.field for v in cv.check_serve_argv(argv, old)] == ["launch/serve.sh:--custom_module_dirs"]
     assert [v.field for v in cv.check_serve_argv(argv, new)] == ["launch/serve.sh:--backend"]
-    assert cv.check_engine_builder(old) == [] and cv.check_engine_builder(new)
-
-
-def test_engine_stage_refuses_tensorrt_on_a_release_without_trtllm_build() -> None:
-    recipe = load_recipe(ROOT / "recipes/tiny-cpu.yaml", ["engine.trtllm_version=main-0004396",
-                                                          "engine.backend=tensorrt", "draft.source=none",
-                                                          "quantize.export=trtllm_checkpoint", "engine.plugins=[]"])
-    from trtbuild.trtllm.checks import engine_problems
-
-    problems = engine_problems(recipe.engine, recipe)
-    assert any("trtllm-build" in p and "tensorrt-backend-removal.md@" in p for p in problems), problems
+    assert load_contract("main-0004396").trtllm_build_available is False
 
 
 @pytest.mark.parametrize("version", VERSIONS)

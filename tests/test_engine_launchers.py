@@ -1,4 +1,4 @@
-"""Launch scripts and legacy build commands: valid bash, and the argv they really hand over."""
+"""Launch scripts: valid bash, and the argv and environment they really hand over."""
 
 from __future__ import annotations
 
@@ -9,23 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.trtllm import launchers, legacy
+from trtbuild.trtllm import launchers
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash not installed")
 
 SPEC = launchers.ServeSpec(model="target", backend="pytorch", tensor_parallel=4, pipeline_parallel=2,
-                           expert_parallel=2, env={"TRTLLM_ENABLE_PDL": "1"}, trust_remote_code=True)
+                           expert_parallel=2, env={"TRTLLM_ENABLE_PDL": "1"}, trust_remote_code=True,
+                           python_path="trtllm_module")
 CLUSTER = launchers.ClusterSpec(nodes=2, gpus_per_node=4, partition="batch", account="proj",
                                 container_image="nvcr.io/nvidia/tensorrt-llm/release:1.0.0")
-LEGACY = legacy.LegacySpec(model_type="llama", dtype="bfloat16", fp8=True, checkpoint_ready=False,
-                           tensor_parallel=2, pipeline_parallel=1, expert_parallel=1, moe=False,
-                           max_batch_size=8, max_seq_len=4096, max_num_tokens=8192)
 
 
 @pytest.mark.parametrize("script", [
     launchers.single_node_script(SPEC), launchers.mpirun_script(SPEC, CLUSTER),
-    launchers.slurm_script(SPEC, CLUSTER), legacy.build_script(LEGACY),
+    launchers.slurm_script(SPEC, CLUSTER),
 ])
 def test_scripts_are_valid_bash(tmp_path: Path, script: str) -> None:
     path = tmp_path / "s.sh"
@@ -106,18 +104,18 @@ def test_slurm_script_directives() -> None:
     assert "trtllm-llmapi-launch trtllm-serve" in text
 
 
-def test_legacy_commands_carry_the_plugin_flags() -> None:
-    convert = legacy.convert_argv(LEGACY)
-    assert convert is not None and convert[1].endswith("models/core/llama/convert_checkpoint.py")
-    assert convert[convert.index("--tp_size") + 1] == "2"
-    build = legacy.build_argv(LEGACY)
-    flags = _flags(build)
-    assert flags["--checkpoint_dir"] == "target" and flags["--output_dir"] == "engine"
-    assert flags["--gemm_plugin"] == "fp8" and flags["--use_fp8_context_fmha"] == "enable"
-    assert flags["--gpt_attention_plugin"] == "auto" and flags["--workers"] == "2"
-    ready = legacy.LegacySpec(**{**vars(LEGACY), "checkpoint_ready": True, "fp8": False,
-                                 "tensor_parallel": 1})
-    assert legacy.convert_argv(ready) is None
-    plain = _flags(legacy.build_argv(ready))
-    assert plain["--gemm_plugin"] == "auto" and "--use_fp8_context_fmha" not in plain
-    assert plain["--nccl_plugin"] == "disable"
+
+
+def test_serve_script_puts_the_plugin_module_first_on_pythonpath(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "launch").mkdir(parents=True)
+    script = bundle / "launch" / "serve.sh"
+    script.write_text(launchers.single_node_script(SPEC))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "trtllm-serve").write_text('#!/usr/bin/env bash\necho "PYTHONPATH=$PYTHONPATH"\n')
+    (stub / "trtllm-serve").chmod(0o755)
+    env = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", PYTHONPATH="/elsewhere")
+    done = subprocess.run([BASH, str(script)], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == f"PYTHONPATH={bundle.resolve()}/trtllm_module:/elsewhere"
+    assert "-x PYTHONPATH" in launchers.mpirun_script(SPEC, CLUSTER)

@@ -52,8 +52,6 @@ CASES = [
      ["engine.draft_len", "5 exceeds draft.max_draft_len 3", "fix:"]),
     ("draft-len-without-draft", {"engine": {"draft_len": 2}}, LLAMA, None,
      ["engine.draft_len", "no draft", "fix:"]),
-    ("eagle3-on-tensorrt", {"draft": DRAFT, "engine": {"backend": "tensorrt"}}, LLAMA, None,
-     ["engine.backend", "EAGLE-3", "backend: pytorch"]),
     ("max-num-tokens-vs-draft", {"draft": DRAFT, "engine": {"max_batch_size": 64, "max_num_tokens": 128}},
      LLAMA, None, ["engine.max_num_tokens", "128", "64 x (1 + draft_len 3) = 256"]),
     ("tp-vs-heads", {"engine": {"tensor_parallel": 3}}, LLAMA, None,
@@ -72,25 +70,21 @@ CASES = [
      ["engine.enable_attention_dp", "tensor_parallel is 1"]),
     ("seq-len-vs-context", {"engine": {"max_seq_len": 4096}}, LLAMA, None,
      ["engine.max_seq_len", "4096 exceeds", "max_position_embeddings 512", "<= 512"]),
-    ("hf-export-vs-tensorrt", {"quantize": FP8_HF, "engine": {"backend": "tensorrt"}}, LLAMA, None,
-     ["quantize.export", "hf", "trtllm_checkpoint"]),
     ("trtllm-export-vs-pytorch", {"quantize": FP8_CKPT, "engine": {"backend": "pytorch"}}, LLAMA, None,
-     ["quantize.export", "trtllm_checkpoint cannot feed engine.backend pytorch"]),
-    ("trtllm-export-is-one-rank", {"quantize": FP8_CKPT, "engine": {"backend": "tensorrt",
-                                                                   "tensor_parallel": 2}}, LLAMA, None,
-     ["engine.tensor_parallel", "tp 2 x pp 1", "rank0.safetensors"]),
-    ("no-converter-for-model", {"engine": {"backend": "tensorrt"}}, PHI, None,
-     ["engine.backend", "model_type 'phi3'", "backend: pytorch"]),
+     ["quantize.export", "trtllm_checkpoint cannot feed the engine", "quantize.export: hf"]),
     ("fp8-kv-without-scales", {"engine": {"kv_cache": {"dtype": "fp8"}}}, LLAMA, None,
      ["engine.kv_cache.dtype", "no calibrated FP8 KV scales", "quantize.kv_cache: fp8"]),
     ("bf16-kv-drops-scales", {"quantize": {"kv_cache": "fp8"}, "engine": {"kv_cache": {"dtype": "bfloat16"}}},
      LLAMA, None, ["engine.kv_cache.dtype", "bfloat16 discards the FP8 KV scales"]),
-    ("unknown-plugin", {"engine": {"plugins": ["gemm_shuffle"]}}, LLAMA, None,
-     ["engine.plugins", "unknown plugin 'gemm_shuffle'", "gemm_weight_shuffle"]),
-    ("plugin-needs-fp8", {"engine": {"plugins": ["gemm_weight_shuffle"]}}, LLAMA, ["sm_90a"],
-     ["engine.plugins", "gemm_weight_shuffle", "needs an FP8 checkpoint", "add a quantize: section"]),
-    ("plugin-vs-arch", {"quantize": FP8_HF, "engine": {"plugins": ["gemm_weight_shuffle"]}}, LLAMA,
-     ["sm_90a", "sm_86"], ["engine.plugins", "gpu_archs sm_86", "not sm_86"]),
+    ("unknown-plugin", {"quantize": FP8_HF, "engine": {"gemm_plugin": {"kernels": {"sm_90a": "gemm_shuffle"}}}},
+     LLAMA, ["sm_90a"], ["engine.gemm_plugin.kernels.sm_90a", "unknown plugin 'gemm_shuffle'", "gemm_weight_shuffle"]),
+    ("plugin-needs-fp8", {"engine": {"gemm_plugin": {"kernels": {"sm_90a": "spatial_partition"}}}}, LLAMA,
+     ["sm_90a"], ["engine.gemm_plugin", "FP8 per-tensor linears", "add a quantize: section"]),
+    ("plugin-vs-arch", {"quantize": FP8_HF, "engine": {"gemm_plugin": {"kernels": {"sm_89": "spatial_partition"}}}},
+     LLAMA, ["sm_90a", "sm_89"], ["engine.gemm_plugin.kernels.sm_89", "not sm_89", "gemm_weight_shuffle"]),
+    ("plugin-arch-not-targeted", {"quantize": FP8_HF, "engine": {"gemm_plugin": {"kernels": {
+     "sm_100a": "spatial_partition"}}}}, LLAMA, ["sm_90a"],
+     ["engine.gemm_plugin.kernels.sm_100a", "not among gpu_archs"]),
     ("fp8-vs-arch", {"quantize": FP8_HF, "engine": {}}, LLAMA, ["sm_80"],
      ["gpu_archs", "sm_80 has no FP8 tensor cores"]),
     ("world-vs-gpus", {"engine": {"tensor_parallel": 8, "pipeline_parallel": 2}}, LLAMA, None,
@@ -99,8 +93,6 @@ CASES = [
      ["engine.launcher.nodes", "16 MPI ranks but tp x pp = 8"]),
     ("cuda-graph-sizes", {"engine": {"max_batch_size": 4, "cuda_graphs": [1, 2, 8]}}, LLAMA, None,
      ["engine.cuda_graphs", "batch size 8 exceeds engine.max_batch_size 4"]),
-    ("torch-only-on-tensorrt", {"engine": {"backend": "tensorrt", "enable_min_latency": True}}, LLAMA, None,
-     ["engine.enable_min_latency", "PyTorch backend only"]),
     ("pdl-vs-arch", {"engine": {"env": {"TRTLLM_ENABLE_PDL": "1"}}}, LLAMA, ["sm_89", "sm_90a"],
      ["engine.env.TRTLLM_ENABLE_PDL", "sm_89", "programmatic dependent launch"]),
     ("owned-option-twice", {"engine": {"llm_api_options": {"max_batch_size": 4}}}, LLAMA, None,
@@ -125,7 +117,8 @@ def test_consistent_recipe_has_no_problems(tmp_path: Path) -> None:
         "quantize": {"export": "hf", "kv_cache": "fp8"}, "draft": DRAFT,
         "engine": {"tensor_parallel": 4, "max_seq_len": 512, "max_batch_size": 8, "draft_len": 3,
                    "cuda_graphs": [1, 2, 4, 8], "kv_cache": {"dtype": "fp8"},
-                   "env": {"TRTLLM_ENABLE_PDL": "1"}, "plugins": ["gemm_weight_shuffle"]}})
+                   "env": {"TRTLLM_ENABLE_PDL": "1"},
+                   "gemm_plugin": {"kernels": {"sm_90a": "spatial_partition", "sm_100a": "spatial_partition"}}}})
     assert _engine_problems(recipe) == []
 
 
@@ -162,3 +155,12 @@ def test_unknown_llm_api_option_is_a_schema_error(tmp_path: Path) -> None:
         _recipe(tmp_path, {"engine": {"llm_api_options": {"enable_chunk_prefill": True}}})
     assert "enable_chunk_prefill" in err.value.one_line()
     assert "engine.llm_api_options" in err.value.one_line()
+
+
+def test_tensorrt_backend_is_a_one_line_error(tmp_path: Path) -> None:
+    from trtbuild.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        _recipe(tmp_path, {"engine": {"backend": "tensorrt"}})
+    line = err.value.one_line()
+    assert "engine.backend" in line and "PyTorch backend only" in line and "\n" not in line

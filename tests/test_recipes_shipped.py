@@ -136,5 +136,8 @@ def test_plan_points_oversized_calibration_at_distributed_modelopt(capsys: pytes
     assert not any("exceed one" in n for n in small)
 
 
-def test_tiny_recipe_plan_has_no_notes(capsys: pytest.CaptureFixture[str]):
-    assert _plan(RECIPES_DIR / "tiny-cpu.yaml", capsys)["notes"] == []
+def test_tiny_recipe_plan_notes_only_the_gemm_plugin(capsys: pytest.CaptureFixture[str]):
+    notes = _plan(RECIPES_DIR / "tiny-cpu.yaml", capsys)["notes"]
+    assert notes[0] == "gemm plugin (engine.gemm_plugin):"
+    assert [n.split(":")[0].strip() for n in notes[1:]] == ["sm_90a", "sm_100a"]
+    assert all("spatial_partition for 1..16 tokens" in n for n in notes[1:])

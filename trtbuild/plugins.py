@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 
     from trtbuild.progress import Progress
 
-# name -> module whose `PLUGIN` attribute is the Plugin object. Importing these modules is cheap:
-# they import torch/triton only inside methods.
+# name -> the module whose `PLUGINS[name]` is the Plugin object. Importing it is cheap: torch and
+# triton load only inside methods.
 _REGISTRY: dict[str, str] = {
-    "gemm_weight_shuffle": "plugins.gemm_weight_shuffle",
-    "spatial_partition": "plugins.spatial_partition",
+    "gemm_weight_shuffle": "plugins.common.fp8_plugin",
+    "spatial_partition": "plugins.common.fp8_plugin",
 }
 
 
@@ -92,9 +92,8 @@ class Plugin(ABC):
     Class attributes describe it (cheap to read, no heavy imports):
       name, description, supported_archs (e.g. "sm_90a"), requires (e.g. "fp8_checkpoint"),
       layout (weight layout id; plugins sharing one layout share one transformed checkpoint),
-      torch_op_name ("trtbuild::..."), trtllm_plugin_name / trtllm_plugin_module (legacy engine
-      path: import that module again at engine load to re-register the plugin),
-      code_modules (modules whose source defines the plugin's output, for cache keys),
+      torch_op_name ("trtbuild::..."; the op TensorRT-LLM's linears call through the bundle's
+      module, plugins/trtllm_module), code_modules (modules whose source defines the plugin's output, for cache keys),
       uses_tma / warp_specialized (how the kernel reads and splits its work).
     """
 
@@ -104,8 +103,6 @@ class Plugin(ABC):
     requires: tuple[str, ...]
     layout: str
     torch_op_name: str
-    trtllm_plugin_name: str
-    trtllm_plugin_module: str
     code_modules: tuple[str, ...]
     uses_tma: bool
     warp_specialized: bool
@@ -159,11 +156,6 @@ class Plugin(ABC):
                   variants: tuple[int, ...] | None = None, progress: Progress | None = None) -> AotReport:
         """Compile the kernels for `archs` into out_dir/<arch>/ and check their SASS (see AotReport)."""
 
-    @property
-    @abstractmethod
-    def trtllm_python_plugin(self) -> str:
-        """Source of the `tensorrt_llm.PluginBase` subclass (module `trtllm_plugin_module`)."""
-
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -172,7 +164,6 @@ class Plugin(ABC):
             "requires": list(self.requires),
             "layout": self.layout,
             "torch_op": self.torch_op_name,
-            "trtllm_plugin": f"{self.trtllm_plugin_module}:{self.trtllm_plugin_name}",
         }
 
 
@@ -203,7 +194,7 @@ def get(name: str) -> Plugin:
     if module is None:
         raise UserError(f"unknown plugin '{name}'", field="engine.plugins",
                         fix=f"use one of: {', '.join(available())}")
-    plugin = _import_kernels(module).PLUGIN
+    plugin = _import_kernels(module).PLUGINS[name]
     if not isinstance(plugin, Plugin):  # a registry entry pointing at the wrong object is our bug
-        raise TypeError(f"{module}.PLUGIN is not a trtbuild.plugins.Plugin")
+        raise TypeError(f"{module}.PLUGINS[{name!r}] is not a trtbuild.plugins.Plugin")
     return plugin

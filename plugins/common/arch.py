@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtbuild.errors import UserError
+from .errors import UserError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ registry can describe and check plugins in `trtbuild validate` without them.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,24 +28,23 @@ class Fp8ShuffledGemmPlugin(Plugin):
     layout = LAYOUT_ID
 
     def __init__(self, *, name: str, description: str, supported_archs: tuple[str, ...],
-                 kernel_module: str, kernel_attr: str, torch_op_name: str, trtllm_plugin_name: str,
-                 tma: bool, warp_specialized: bool, ctas_per_sm: int) -> None:
+                 warp_specialized: bool) -> None:
+        from plugins.common.kernels import KERNELS
+
+        kernel = KERNELS[name]
         self.name = name
         self.description = description
         self.supported_archs = supported_archs
-        self.torch_op_name = torch_op_name
-        self.trtllm_plugin_name = trtllm_plugin_name
-        package = f"plugins.{name}"
-        self.trtllm_plugin_module = f"{package}.trtllm_plugin"
-        self._kernel_module = kernel_module
-        self._kernel_attr = kernel_attr
-        self.uses_tma = tma  # x and W tiles come in through TMA descriptors
+        self.torch_op_name = kernel.op
+        self._kernel_module = f"plugins.{kernel.module}"
+        self.uses_tma = kernel.tma  # x and W tiles come in through TMA descriptors
         self.warp_specialized = warp_specialized
-        self.ctas_per_sm = ctas_per_sm  # split-K sizes one wave of CTAs with this
-        # Sources that decide the transformed weights, the AOT cubins and the bundled TRT-LLM plugin.
-        self.code_modules = (kernel_module, self.trtllm_plugin_module, "plugins.common.layout",
+        self.ctas_per_sm = kernel.ctas_per_sm  # split-K sizes one wave of CTAs with this
+        # Sources that decide the AOT cubins and the kernels the bundled TRT-LLM module runs.
+        self.code_modules = (self._kernel_module, "plugins.common.kernels", "plugins.common.layout",
                              "plugins.common.launch", "plugins.common.splitk", "plugins.common.arch",
-                             "plugins.common.reference", "plugins.common.aot", "plugins.common.jit")
+                             "plugins.common.reference", "plugins.common.aot", "plugins.common.jit",
+                             "plugins.common.torch_ops", "plugins.trtllm_module")
         self._op: Any = None
 
     # --- checks ----------------------------------------------------------------------------
@@ -104,21 +102,22 @@ class Fp8ShuffledGemmPlugin(Plugin):
 
     def triton_kernel(self) -> Any:
         """The DualKernel (compiled + interpreted) of this plugin's Triton kernel."""
-        return getattr(importlib.import_module(self._kernel_module), self._kernel_attr)
+        from plugins.common.kernels import triton_kernel
+
+        return triton_kernel(self.name)
 
     def kernel(self, x: torch.Tensor, w: torch.Tensor, scale_x: torch.Tensor, scale_w: torch.Tensor,
                n: int, k: int, out_dtype: torch.dtype | None = None, **options: Any) -> torch.Tensor:
-        from plugins.common.launch import launch_fp8_gemm
+        from plugins.common.kernels import run
 
-        return launch_fp8_gemm(self.triton_kernel(), x, w, scale_x, scale_w, n, k, out_dtype,
-                               tma=self.uses_tma, ctas_per_sm=self.ctas_per_sm, **options)
+        return run(self.name, x, w, scale_x, scale_w, n, k, out_dtype, **options)
 
     @property
     def torch_op(self) -> Any:
         if self._op is None:
-            from plugins.common.torch_ops import register
+            from plugins.common.kernels import torch_op
 
-            self._op = register(self.torch_op_name, self.kernel, self.reference)
+            self._op = torch_op(self.name)
         return self._op
 
     # --- build / backends ------------------------------------------------------------------
@@ -157,9 +156,21 @@ class Fp8ShuffledGemmPlugin(Plugin):
         return aot.build(self.name, out_dir, specs, lambda spec: self.aot_variants(spec, variants),
                          progress)
 
-    @property
-    def trtllm_python_plugin(self) -> str:
-        spec = importlib.util.find_spec(self.trtllm_plugin_module)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(self.trtllm_plugin_module)
-        return Path(spec.origin).read_text()
+
+PLUGINS: dict[str, Fp8ShuffledGemmPlugin] = {
+    "gemm_weight_shuffle": Fp8ShuffledGemmPlugin(
+        name="gemm_weight_shuffle",
+        description=("FP8 (e4m3) linear weights shuffled into tile-contiguous BLOCK_N x BLOCK_K blocks "
+                     "(tiles per arch) at load time; an FP8 GEMM/GEMV with per-tensor scales streams each "
+                     "program's tiles with contiguous 16-byte loads through a cp.async ring"),
+        supported_archs=("sm_89", "sm_90a", "sm_100a", "sm_120a"),
+        warp_specialized=False),
+    "spatial_partition": Fp8ShuffledGemmPlugin(
+        name="spatial_partition",
+        description=("warp-specialized FP8 GEMM/GEMV on the tile-shuffled layout: Triton's "
+                     "tl.range(warp_specialize=True) splits each CTA into a TMA producer warpgroup "
+                     "filling a multi-stage shared-memory ring (mbarriers) and tensor-core consumer "
+                     "warps (wgmma on sm_90a, tcgen05 on sm_100a)"),
+        supported_archs=("sm_90a", "sm_100a"),
+        warp_specialized=True),
+}

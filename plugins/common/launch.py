@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from plugins.common.arch import ARCHS, arch_of_capability
-from plugins.common.jit import FP_FUSION, DualKernel, ensure_allocator
-from plugins.common.layout import cdiv
-from plugins.common.reference import check_operands
-from plugins.common.splitk import block_m_for, sm_count, split_k_for, splitk_reduce
+from .arch import ARCHS, arch_of_capability
+from .jit import FP_FUSION, DualKernel, ensure_allocator
+from .layout import cdiv
+from .reference import check_operands
+from .splitk import block_m_for, sm_count, split_k_for, splitk_reduce
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

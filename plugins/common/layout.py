@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from plugins.common import LAYOUT_ID
-from trtbuild.errors import UserError
+from . import LAYOUT_ID
+from .errors import UserError
 
 LAYOUT_SUFFIX = "_layout"  # "<prefix>.weight" -> "<prefix>.weight_layout"
 FP8 = torch.float8_e4m3fn

@@ -1,14 +1,19 @@
-"""Pure-torch FP8 GEMM on the shuffled layout: the function every kernel must match.
+"""Pure-torch FP8 GEMM on the shuffled layout: the function every kernel must match, and the CPU
+implementation of the plugins' torch ops.
 
 y[m, n] = sum_k x[m, k] * W[n, k] * scale_x * scale_w, computed in float32 from the fp8 values
-(products of two e4m3 numbers are exact in float32), then cast to the output dtype.
+(products of two e4m3 numbers are exact in float32), then cast to the output dtype; in float64 when
+float64 output is asked for (trtbuild's CPU runtime: its speculative decoding must match plain
+decoding exactly, which float32 summation-order noise can break).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from plugins.common.layout import FP8, unshuffle
+from .layout import FP8, unshuffle
 
 FP8_MAX = 448.0  # largest finite e4m3fn
 
@@ -39,11 +44,37 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, scale_x: torch.Tensor, scal
         raise ValueError("scale_x and scale_w must be per-tensor (one value each)")
 
 
+# id(weight) -> (weakref to it, version, dtype, W^T dense): unshuffling and converting a weight costs
+# far more than a decode-sized product with it, so the reference does it once per weight.
+_DENSE: dict[int, tuple[weakref.ref, tuple[int, int], torch.dtype, torch.Tensor]] = {}
+
+
+def _version(w: torch.Tensor) -> tuple[int, int]:
+    try:
+        return w._version, w.data_ptr()
+    except RuntimeError:  # inference tensors keep no version counter
+        return -1, w.data_ptr()
+
+
+def dense_t(w: torch.Tensor, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """W^T [K, N] in `dtype` from the shuffled weight, cached while that tensor lives unchanged."""
+    key = id(w)
+    entry = _DENSE.get(key)
+    version = _version(w)
+    if entry is not None and entry[0]() is w and entry[1] == version and entry[2] == dtype:
+        return entry[3]
+    dense = unshuffle(w, n, k).to(dtype).t().contiguous()
+    if entry is None or entry[0]() is not w:
+        weakref.finalize(w, _DENSE.pop, key, None)
+    _DENSE[key] = (weakref.ref(w), version, dtype, dense)
+    return dense
+
+
 def fp8_gemm_reference(x: torch.Tensor, w: torch.Tensor, scale_x: torch.Tensor, scale_w: torch.Tensor,
                        n: int, k: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] fp8, w [NT, KT, BN, BK] fp8 (shuffled) -> [..., N] in out_dtype (bf16 default)."""
     check_operands(x, w, scale_x, scale_w, n, k)
-    dense = unshuffle(w, n, k).float()
-    y = x.reshape(-1, k).float() @ dense.t()
-    y = y * (scale_x.float().reshape(()) * scale_w.float().reshape(()))
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    y = x.reshape(-1, k).to(acc) @ dense_t(w, n, k, acc)
+    y = y * (scale_x.to(acc).reshape(()) * scale_w.to(acc).reshape(()))
     return y.to(out_dtype or torch.bfloat16).reshape(*x.shape[:-1], n)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from plugins.common.jit import FP_FUSION, dual_jit
-from plugins.common.layout import cdiv
+from .jit import FP_FUSION, dual_jit
+from .layout import cdiv
 
 BLOCK_M_CHOICES = (16, 32, 64)  # token tile = the MMA's N side (tl.dot needs >= 16)
 MIN_TILES_PER_SPLIT = 2  # keep a few K steps per program so the load ring has work to overlap

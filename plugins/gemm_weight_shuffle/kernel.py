@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from plugins.common.jit import dual_jit
-from plugins.common.signature import FP8_GEMM_AOT_ALIGNED, FP8_GEMM_AOT_SIGNATURE
+from ..common.jit import dual_jit
+from ..common.signature import FP8_GEMM_AOT_ALIGNED, FP8_GEMM_AOT_SIGNATURE
 
 
 def _fp8_gemm_shuffled_kernel(

@@ -12,7 +12,10 @@ from trtbuild.contract.model import (
     Contract,
     Violation,
     available_versions,
+    contract_files,
     load_contract,
+    module_conventions,
 )
 
-__all__ = ["DEFAULT_VERSION", "Contract", "Violation", "available_versions", "load_contract"]
+__all__ = ["DEFAULT_VERSION", "Contract", "Violation", "available_versions", "contract_files", "load_contract",
+           "module_conventions"]

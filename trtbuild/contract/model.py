@@ -92,12 +92,45 @@ class Contract:
         return {str(k): str(v) for k, v in self.section("triton_llmapi")["request"].items()}
 
     @property
+    def custom_module_flag(self) -> str | None:
+        """trtllm-serve's option that imports an out-of-tree module directory (None: the release has none)."""
+        flag = self.section("custom_modules").get("serve_flag")
+        return str(flag) if flag else None
+
+    @property
+    def fp8_linear(self) -> dict[str, Any]:
+        """The FP8 linear's class / method names and signatures the GEMM-plugin module patches."""
+        return self.section("fp8_linear")
+
+    @property
     def python_pins(self) -> dict[str, str]:
         return {str(k): str(v) for k, v in self.section("release").get("python", {}).items()}
 
 
+def contract_files() -> list[Path]:
+    return sorted(DATA_DIR.glob("trtllm-*.yaml"))
+
+
 def available_versions() -> list[str]:
-    return sorted(p.stem.removeprefix("trtllm-") for p in DATA_DIR.glob("trtllm-*.yaml"))
+    return [p.stem.removeprefix("trtllm-") for p in contract_files()]
+
+
+# What the GEMM-plugin module needs of a release's fp8_linear section (plugins/trtllm_module/patch.py).
+MODULE_KEYS = ("module", "linear_class", "fp8_method_class", "apply_params", "load_hook", "output_buffer_kind")
+
+
+def module_conventions() -> dict[str, dict[str, Any]]:
+    """{version: {version_match, linear, source}} of every contract: what the bundle's module ships, so
+    that it picks the convention of the TensorRT-LLM it finds at run time (tensorrt_llm.__version__)."""
+    out: dict[str, dict[str, Any]] = {}
+    for version in available_versions():
+        contract = load_contract(version)
+        linear = contract.fp8_linear
+        if not linear:
+            continue
+        out[version] = {"version_match": str(linear["version_match"]), "source": contract.fact(linear.get("source")),
+                        "linear": {k: linear[k] for k in MODULE_KEYS if k in linear}}
+    return out
 
 
 @cache

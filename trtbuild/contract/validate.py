@@ -158,14 +158,6 @@ def check_serve_argv(argv: list[str], contract: Contract, where: str = "launch/s
     return out
 
 
-def check_engine_builder(contract: Contract, where: str = "engine.backend") -> list[Violation]:
-    build = contract.section("trtllm_build")
-    if build.get("available"):
-        return []
-    return [Violation(where, f"tensorrt needs trtllm-build, which TensorRT-LLM {contract.version} no longer has",
-                      contract.fact(build.get("source")))]
-
-
 # --- Triton LLM-API model ------------------------------------------------------------------------
 
 def check_model_yaml(data: Mapping[str, Any], contract: Contract,
@@ -299,10 +291,65 @@ def check_hf_config(config: Mapping[str, Any], contract: Contract, where: str = 
 
 
 def check_plugin_sources(texts: Mapping[str, str], contract: Contract) -> list[Violation]:
+    """Module sources shipped into the server ({path: text}) must not import what the release dropped."""
     plugins = contract.section("python_plugins")
     if plugins.get("plugin_base_exported") is not False:
         return []
     fact = contract.fact(plugins.get("source"))
-    return [Violation(f"plugins/{name}", f"imports PluginBase from tensorrt_llm, which TensorRT-LLM "
+    return [Violation(name, f"imports PluginBase from tensorrt_llm, which TensorRT-LLM "
                       f"{contract.version} no longer exports", fact)
             for name, text in texts.items() if "import PluginBase" in text or "tensorrt_llm.PluginBase" in text]
+
+
+# --- the GEMM-plugin module ------------------------------------------------------------------------
+
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+
+
+def check_module_launch(argv: list[str], python_path: str | None, module: str | None, contract: Contract,
+                        where: str = "launch/serve.sh") -> list[Violation]:
+    """How a trtllm-serve launch loads the bundle's GEMM-plugin module (`module`, None: no plugin).
+
+    Releases whose trtllm-serve has a custom-module flag get it; every release gets the module's
+    directory on PYTHONPATH, since the executor's MPI workers inherit sys.path but not imports."""
+    section = contract.section("custom_modules")
+    flag = contract.custom_module_flag
+    fact = contract.fact(section.get("source"))
+    out: list[Violation] = []
+    passed = [v.removeprefix("./") for v in _flag_values(argv, "--custom_module_dirs")]
+    if passed and flag != "--custom_module_dirs":
+        out.append(Violation(f"{where}:--custom_module_dirs", f"trtllm-serve of TensorRT-LLM {contract.version} "
+                             "has no such option (load the module through PYTHONPATH)", fact))
+    if module is None:
+        return out
+    if flag and module not in [v.removeprefix("./") for v in _flag_values(argv, flag)]:
+        out.append(Violation(f"{where}:{flag}", f"TensorRT-LLM {contract.version} imports out-of-tree modules "
+                             f"with {flag}, but the command does not pass {module}", fact))
+    if not python_path or not module.startswith(python_path.rstrip("/") + "/"):
+        out.append(Violation(f"{where}:PYTHONPATH", f"must hold the module's directory: TensorRT-LLM "
+                             f"{contract.version}'s executor workers get sys.path, not the server's imports "
+                             f"({section.get('workers')})", contract.fact(section.get("workers_source"))))
+    if not contract.fp8_linear:
+        out.append(Violation("engine.gemm_plugin", f"the TensorRT-LLM {contract.version} contract records no "
+                             "FP8-linear convention for the module to patch", contract.fact(None)))
+    return out
+
+
+def check_module_environment(script: str, python_path: str, contract: Contract, where: str,
+                             *, triton: bool = False) -> list[Violation]:
+    """A launcher script must export PYTHONPATH with the module's directory (`python_path` as written)."""
+    section = contract.section("custom_modules")
+    exported = [line for line in script.splitlines() if line.startswith("export PYTHONPATH=")]
+    if any(python_path in line for line in exported):
+        return []
+    if triton:
+        hook = section.get("triton_llmapi")
+        why = (f"the LLM-API Triton model of TensorRT-LLM {contract.version} imports user code only as "
+               f"{hook}" if hook else f"the LLM-API Triton model of TensorRT-LLM {contract.version} imports "
+               "no user module")
+        return [Violation(f"{where}:PYTHONPATH", f"does not hold {python_path}: {why}, so PYTHONPATH's "
+                          "sitecustomize is the module's only way in", contract.fact(section.get("triton_source")))]
+    return [Violation(f"{where}:PYTHONPATH", f"does not hold {python_path}: the executor workers of TensorRT-LLM "
+                      f"{contract.version} import only what their environment brings "
+                      f"({section.get('workers')})", contract.fact(section.get("workers_source")))]

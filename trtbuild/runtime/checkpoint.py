@@ -91,6 +91,14 @@ class Weights:
         bias = self.optional(f"{prefix}.bias")
         return weight.to(self.device, self.dtype), bias, input_scale
 
+    def fp8(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(float8 weight, per-tensor weight_scale) of an FP8 linear, else None."""
+        weight = self.state.get(f"{prefix}.weight")
+        scale = self.state.get(f"{prefix}.weight_scale")
+        if weight is None or weight.dtype != torch.float8_e4m3fn or scale is None or scale.numel() != 1:
+            return None
+        return weight, scale.to(torch.float32)
+
     def kv_scale(self, name: str) -> torch.Tensor | None:
         if name not in self.state:
             return None

@@ -33,10 +33,13 @@ class Linear:
     than F.linear for the 1-16 rows a decode or verification step has.
     """
 
-    __slots__ = ("weight_t", "bias", "inv_scale")
+    __slots__ = ("weight_t", "bias", "inv_scale", "plugin")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 input_scale: torch.Tensor | None = None) -> None:
+                 input_scale: torch.Tensor | None = None,
+                 fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """fp8: the checkpoint's (float8 weight, per-tensor weight_scale); with an input scale, decode-sized
+        calls go to the GEMM plugins' op (trtbuild/runtime/gemm_plugin.py) when one is active."""
         if input_scale is not None:
             # ModelOpt rounds x * (448 / amax) with amax = input_scale * 448; computing that factor
             # the same way keeps the FP8 rounding decisions identical to its fake quantization.
@@ -53,6 +56,11 @@ class Linear:
             self.inv_scale = None
         self.weight_t = weight.t().contiguous()
         self.bias = bias
+        self.plugin = None
+        if fp8 is not None and self.inv_scale is not None:
+            from trtbuild.runtime.gemm_plugin import Fp8Gemm
+
+            self.plugin = Fp8Gemm.create(fp8[0].to(weight.device), fp8[1], self.inv_scale, weight.dtype)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -64,7 +72,9 @@ class Linear:
         return self.weight_t.shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.inv_scale is not None:
+        if self.plugin is not None and x.numel() <= 16 * x.shape[-1]:  # decode-sized: the plugin op
+            out = self.plugin(x, self.inv_scale)
+        elif self.inv_scale is not None:
             out = (fp8_round(x * self.inv_scale).to(torch.float64) @ self.weight_t).to(x.dtype)
         else:
             out = x @ self.weight_t

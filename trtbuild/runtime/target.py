@@ -54,10 +54,11 @@ def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: in
     return DecoderLayer(
         input_norm=w.float(f"{prefix}.input_layernorm.weight", (h,)),
         qkv=fuse_linears([q, k, v]),
-        o_proj=Linear(*w.linear(f"{prefix}.self_attn.o_proj", h, nq * d)),
+        o_proj=Linear(*w.linear(f"{prefix}.self_attn.o_proj", h, nq * d), fp8=w.fp8(f"{prefix}.self_attn.o_proj")),
         post_norm=w.float(f"{prefix}.post_attention_layernorm.weight", (h,)),
         gate_up=fuse_linears([gate, up]),
-        down=Linear(*w.linear(f"{prefix}.mlp.down_proj", h, spec.intermediate_size)),
+        down=Linear(*w.linear(f"{prefix}.mlp.down_proj", h, spec.intermediate_size),
+                    fp8=w.fp8(f"{prefix}.mlp.down_proj")),
         k_scale=w.kv_scale(f"{prefix}.self_attn.k_proj.k_scale"),
         v_scale=w.kv_scale(f"{prefix}.self_attn.v_proj.v_scale"),
     )

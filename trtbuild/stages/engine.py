@@ -4,17 +4,17 @@ Reads the target (the quantize stage's export when the recipe quantizes, else th
 HF directory) and the EAGLE-3 draft when there is one, and writes `bundle/`:
 
     target/                the checkpoint TensorRT-LLM loads (files hard-linked, not copied)
-    target-<arch>/         the same checkpoint with weights in a plugin's layout, per GPU arch
     draft/                 the EAGLE-3 draft
     llm_api_options.yaml   LLM() arguments (trtllm-serve --extra_llm_api_options), checked against the
                            contract of engine.trtllm_version (trtbuild/contract/)
     launch/                serve.sh (one node), mpirun.sh and slurm.sbatch (several nodes)
-    build/                 backend tensorrt: checkpoint conversion + trtllm-build commands
-    plugins/               each plugin's AOT cubins (+ SASS report) and TRT-LLM python plugin
+    trtllm_module/         engine.gemm_plugin: the module TensorRT-LLM's server imports
+                           (trtbuild_gemm + sitecustomize.py; launchers put it on PYTHONPATH)
+    plugins/               the named kernels' AOT cubins per arch + SASS report (a build check)
     bundle.json            what is where, for the deploy stage and for people
 
-When `tensorrt_llm` is importable the stage also runs the real engine build (backend tensorrt)
-and a load check; when it is not, it says so in one line and still writes the bundle.
+When `tensorrt_llm` is importable (and a GPU visible) the stage also runs a load check; when it
+is not, it says so in one line and still writes the bundle.
 """
 
 from __future__ import annotations
@@ -60,22 +60,42 @@ class LauncherSettings(StageConfig):
                                         "container (the bundle itself is always mounted).")
 
 
-class LegacySettings(StageConfig):
-    dtype: Literal["auto", "bfloat16", "float16"] = Field(
-        default="auto", description="Activation dtype of convert_checkpoint.py; auto: the model's.")
-    extra_flags: list[str] = Field(default_factory=list, description="Appended to trtllm-build, e.g. "
-                                   "['--multiple_profiles', 'enable'].")
+class GemmPluginSettings(StageConfig):
+    kernels: dict[str, str] = Field(description="GPU arch -> the plugin its FP8 linears run at decode, e.g. "
+                                    "{sm_90a: spatial_partition, sm_100a: spatial_partition}; "
+                                    "gemm_weight_shuffle where warp specialization is unavailable (sm_89, "
+                                    "sm_120a). Archs not listed keep TensorRT-LLM's GEMM.")
+    linears: list[Literal["attention", "dense"]] = Field(
+        default_factory=lambda: ["attention", "dense"], description="FP8 per-tensor linears that use it: "
+        "attention (fused qkv, o_proj) and dense (fused gate_up, down_proj, shared experts); MoE experts "
+        "always keep TensorRT-LLM's kernels.")
+    max_tokens: int = Field(default=16, ge=1, le=16, description="Largest token count of a call that runs "
+                            "the plugin (decode and speculative verification); more tokens (prefill) run "
+                            "TensorRT-LLM's FP8 GEMM.")
+
+    @field_validator("kernels")
+    @classmethod
+    def _some_kernel(cls, kernels: dict[str, str]) -> dict[str, str]:
+        if not kernels:
+            raise ValueError("name a kernel for at least one GPU arch, or remove gemm_plugin")
+        return kernels
+
+    @field_validator("linears")
+    @classmethod
+    def _some_linears(cls, linears: list[str]) -> list[str]:
+        if not linears or len(set(linears)) != len(linears):
+            raise ValueError("list attention and/or dense, each once")
+        return linears
 
 
 class EngineConfig(StageConfig):
     trtllm_version: str = Field(
         default="1.1.0", description="TensorRT-LLM release the bundle is written for (a contract in "
-        "trtbuild/contract/: option names, decoding type, launcher flags, draft tensor names, Triton "
-        "request fields). Default: the release in the Triton image deploy.trtllm.image names "
-        "(tritonserver:25.12-trtllm-python-py3 ships 1.1.0).")
-    backend: Literal["pytorch", "tensorrt"] = Field(
-        default="pytorch", description="pytorch: TRT-LLM's LLM-API path, loads the HF checkpoint directly; "
-        "tensorrt: the legacy trtllm-build engine (for releases that still ship it).")
+        "trtbuild/contract/: option names, decoding type, launcher flags and how the GEMM-plugin module is "
+        "loaded, draft tensor names, Triton request fields). Default: the release in the Triton image "
+        "deploy.trtllm.image names (tritonserver:25.12-trtllm-python-py3 ships 1.1.0).")
+    backend: str = Field(default="pytorch", description="pytorch: TensorRT-LLM's LLM-API path, which loads "
+                         "the HF checkpoint directly (the only backend; the TensorRT-engine one was removed).")
     max_batch_size: int = Field(default=8, ge=1, description="Most requests in flight (max_batch_size).")
     max_seq_len: int | None = Field(default=None, ge=1, description="Prompt + output tokens per request; "
                                     "default: the model's max_position_embeddings.")
@@ -98,8 +118,9 @@ class EngineConfig(StageConfig):
                                   "(speculative_config.max_draft_len); default: draft.max_draft_len.")
     eagle3_one_model: bool = Field(default=True, description="Run the EAGLE-3 draft inside the target's "
                                    "executor (faster) rather than as a second model.")
-    plugins: list[str] = Field(default_factory=list, description="trtbuild GEMM plugins to apply "
-                               "(weight transform + AOT kernels), e.g. [gemm_weight_shuffle].")
+    gemm_plugin: GemmPluginSettings | None = Field(
+        default=None, description="trtbuild's FP8 GEMM plugins in the served model: a module the bundle "
+        "ships and TensorRT-LLM's server imports routes decode-sized FP8 linears to the named kernel.")
     require_tensorrt_llm: bool = Field(default=False, description="Fail when tensorrt_llm is not importable "
                                        "instead of writing the bundle without the build / load check.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the server process, "
@@ -108,7 +129,15 @@ class EngineConfig(StageConfig):
                                             "merged into llm_api_options.yaml (checked against the typed "
                                             "model: unknown keys are errors).")
     launcher: LauncherSettings = Field(default_factory=LauncherSettings, description="Launch scripts.")
-    legacy: LegacySettings = Field(default_factory=LegacySettings, description="backend tensorrt only.")
+
+    @field_validator("backend")
+    @classmethod
+    def _pytorch_only(cls, backend: str) -> str:
+        if backend != "pytorch":
+            raise ValueError(f"'{backend}' is not served: trtbuild builds for TensorRT-LLM's PyTorch backend "
+                             "only (upstream removed the TensorRT-engine backend, docs/source/legacy/"
+                             "tensorrt-backend-removal.md); remove engine.backend or set it to pytorch")
+        return backend
 
     @field_validator("trtllm_version", mode="before")
     @classmethod
@@ -158,7 +187,7 @@ class EngineConfig(StageConfig):
 
 
 class EngineStage(Stage):
-    """TensorRT-LLM bundle: LLM-API options, launchers, legacy trtllm-build commands, plugins."""
+    """TensorRT-LLM bundle: LLM-API options, launchers, the GEMM-plugin module."""
 
     name = "engine"
     config_cls = EngineConfig
@@ -169,14 +198,18 @@ class EngineStage(Stage):
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, EngineConfig)
-        # The archs decide the AOT cubins and the weight layouts; the plugin sources decide both; the
-        # release's contract (a data file) decides the names written.
-        from trtbuild.contract import load_contract
+        # The archs decide the AOT cubins; the plugin sources decide them and the shipped module; the
+        # contracts (data files, not code) decide the names written and the module's recorded conventions.
+        from trtbuild.contract import contract_files
         from trtbuild.trtllm.bundle import plugin_key_material
 
-        contract = load_contract(config.trtllm_version)
-        return {"gpu_archs": list(recipe.gpu_archs), "plugins": plugin_key_material(config.plugins),
-                "contract": hashlib.sha256(contract.path.read_bytes()).hexdigest()[:16]}
+        kernels = sorted(set(config.gemm_plugin.kernels.values())) if config.gemm_plugin else []
+        digest = hashlib.sha256()
+        for path in contract_files():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+        return {"gpu_archs": list(recipe.gpu_archs), "plugins": plugin_key_material(kernels),
+                "contracts": digest.hexdigest()[:16]}
 
     def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
         assert isinstance(config, EngineConfig)

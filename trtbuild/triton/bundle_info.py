@@ -32,6 +32,7 @@ class BundleInfo:
     env: dict[str, str] = field(default_factory=dict)
     engine_dir: str | None = None  # backend tensorrt: where trtllm-build writes the engine
     trtllm_version: str = "1.1.0"  # the release the bundle was written for (trtbuild/contract)
+    python_path: str | None = None  # bundle dir the server's PYTHONPATH needs (the GEMM-plugin module)
 
     @property
     def world_size(self) -> int:
@@ -87,4 +88,6 @@ def read_bundle(root: Path) -> BundleInfo:
         tensor_parallel=int(parallel.get("tensor", options.tensor_parallel_size)),
         pipeline_parallel=int(parallel.get("pipeline", options.pipeline_parallel_size)),
         env=dict(info.get("env") or {}), engine_dir=legacy.get("engine_dir"),
-        trtllm_version=str(info.get("trtllm_version") or "1.1.0"))
+        trtllm_version=str(info.get("trtllm_version") or "1.1.0"),
+        python_path=(((info.get("gemm_plugin") or {}).get("loaded_by") or {}).get("triton_llmapi") or {})
+        .get("python_path"))

@@ -78,6 +78,10 @@ def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[s
         needed = "$ALL_MODELS/inflight_batcher_llm/preprocessing/1/model.py"
     command = server_command(bundle, trtllm_model, config.exit_timeout_s)
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(bundle.env.items()))
+    if bundle.python_path:  # the bundle's GEMM-plugin module: its sitecustomize patches TensorRT-LLM's
+        # FP8 linears in the python-backend stub and every rank it starts
+        module = bundle.mapped(bundle.python_path, config.trtllm.bundle_mount)
+        exports += f'export PYTHONPATH={shlex.quote(module)}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return (
         "#!/usr/bin/env bash\n"
         "# Written by trtbuild. Runs inside the Triton TRT-LLM image (see triton_trtllm.sh).\n"

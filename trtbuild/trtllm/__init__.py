@@ -3,10 +3,10 @@
 Modules:
     llm_args    a typed model of the `LLM()` arguments we write (llm_api_options.yaml); unknown keys
                 are errors, and write -> read gives the same object back
-    legacy      the `convert_checkpoint.py` / `trtllm-build` command lines (backend: tensorrt)
     launchers   trtllm-serve on one node, under mpirun, and an sbatch script for Slurm
     facts       the target's architecture facts (heads, experts, context) read from config.json
     checks      cross-stage preflight checks of an engine section against the rest of the recipe
-    bundle      assembling the engine bundle directory (hard links, plugin weight transforms)
-    boundary    the only place that imports `tensorrt_llm`, lazily: build and load checks
+    bundle      assembling the engine bundle directory (hard links, the GEMM-plugin module)
+    plugin_module  the out-of-tree module TensorRT-LLM's server imports (plugin_module_facts.yaml)
+    boundary    the only place that imports `tensorrt_llm`, lazily: the load check
 """

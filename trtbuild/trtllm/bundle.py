@@ -1,7 +1,7 @@
-"""Assemble the engine bundle: target, draft, LLM-API options, launchers, legacy commands, plugins.
+"""Assemble the engine bundle: target, draft, LLM-API options, launchers, the GEMM-plugin module.
 
 Unchanged files are hard-linked from the input artifacts (a 16 GB checkpoint costs no space and
-no time); only tensors a plugin rewrites are written anew. See trtbuild/stages/engine.py for the
+no time); the checkpoint TensorRT-LLM reads keeps its standard layout. See trtbuild/stages/engine.py for the
 layout. The stage's temp dir is renamed into the cache only after this returns, so a failure
 leaves nothing behind.
 """
@@ -21,7 +21,7 @@ from trtbuild.contract import Contract, load_contract
 from trtbuild.contract import validate as contract_validate
 from trtbuild.contract.hf_config import rewrite_config
 from trtbuild.errors import BuildError, UserError
-from trtbuild.trtllm import boundary, conformance, launchers, legacy
+from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
 from trtbuild.trtllm.checks import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
 from trtbuild.trtllm.llm_args import (
@@ -127,12 +127,10 @@ def resolve_inputs(config: EngineConfig, ctx: StageContext) -> Inputs:
             target, kind, quantized = q / "trtllm_ckpt", "trtllm_checkpoint", True
         else:
             raise BuildError(f"the quantize artifact {q} has neither hf/ nor trtllm_ckpt/", field="quantize")
-    if config.backend == "pytorch" and kind != "hf":
-        raise UserError("engine.backend pytorch needs a Hugging Face checkpoint but the quantize stage "
-                        "exported trtllm_checkpoint", field="quantize.export", fix="set quantize.export: hf")
-    if config.backend == "tensorrt" and quantized and kind != "trtllm_checkpoint":
-        raise UserError("engine.backend tensorrt needs the quantize stage's TensorRT-LLM checkpoint",
-                        field="quantize.export", fix="set quantize.export: trtllm_checkpoint")
+    if kind != "hf":
+        raise UserError("the engine (TensorRT-LLM's PyTorch backend) needs a Hugging Face checkpoint but "
+                        "the quantize stage exported trtllm_checkpoint", field="quantize.export",
+                        fix="set quantize.export: hf")
     draft = None
     if "draft" in ctx.inputs and has_draft(ctx.recipe):
         candidate = ctx.inputs["draft"].path / "eagle3"
@@ -166,7 +164,6 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
     the draft, for checks before any build."""
     contract = contract or load_contract(config.trtllm_version)
     with_draft = draft_dir is not None if with_draft is None else with_draft
-    torch_backend = config.backend == "pytorch"
     kv = KvCacheConfig(enable_block_reuse=config.kv_cache.enable_block_reuse,
                        free_gpu_memory_fraction=config.kv_cache.free_gpu_memory_fraction)
     if config.kv_cache.dtype != "auto":
@@ -191,19 +188,18 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
     model = getattr(recipe, "model", None)
     if model is not None and getattr(model, "trust_remote_code", False):
         values["trust_remote_code"] = True
-    if torch_backend:
-        if config.cuda_graphs is False:
-            values["cuda_graph_config"] = None
-        elif config.cuda_graphs is True:
-            values["cuda_graph_config"] = CudaGraphConfig(max_batch_size=config.max_batch_size,
-                                                          enable_padding=config.cuda_graph_padding)
-        else:
-            values["cuda_graph_config"] = CudaGraphConfig(batch_sizes=sorted(set(config.cuda_graphs)),
-                                                          enable_padding=config.cuda_graph_padding)
-        if config.enable_min_latency:
-            values["enable_min_latency"] = True
-        if not config.enable_autotuner:
-            values["enable_autotuner"] = False
+    if config.cuda_graphs is False:
+        values["cuda_graph_config"] = None
+    elif config.cuda_graphs is True:
+        values["cuda_graph_config"] = CudaGraphConfig(max_batch_size=config.max_batch_size,
+                                                      enable_padding=config.cuda_graph_padding)
+    else:
+        values["cuda_graph_config"] = CudaGraphConfig(batch_sizes=sorted(set(config.cuda_graphs)),
+                                                      enable_padding=config.cuda_graph_padding)
+    if config.enable_min_latency:
+        values["enable_min_latency"] = True
+    if not config.enable_autotuner:
+        values["enable_autotuner"] = False
     if with_draft:
         spec = SpeculativeConfig(decoding_type=contract.eagle3_decoding_type,
                                  max_draft_len=draft_len(config, recipe) or 1,
@@ -266,76 +262,28 @@ def _module_files(module: str) -> list[Path]:
     return [Path(spec.origin)]
 
 
-def transform_targets(plugin_names: list[str], target: Path, bundle: Path, archs: list[str],
-                      stats: LinkStats, progress: Any) -> dict[str, Any]:
-    """Per GPU arch, `target-<arch>/` with the weights in the plugins' layout; unchanged files linked.
+def aot_plugins(kernels: dict[str, str], bundle: Path, progress: Any) -> dict[str, Any]:
+    """Compile each named kernel for the archs that run it into plugins/<name>/ and check the SASS.
 
-    Archs whose tile is the same share the rewritten files through hard links."""
-    from trtbuild import plugins
-
-    if not plugin_names:
-        return {}
-    plugin = plugins.get(plugin_names[0])  # preflight guarantees one shared layout
-    done: dict[tuple[int, int], Path] = {}
-    report: dict[str, Any] = {}
-    for arch in archs:
-        tile = tuple(plugin.tile_for(arch))
-        out = bundle / f"target-{arch}"
-        if tile in done:
-            link_tree(done[tile], out, stats)
-            report[arch] = {"dir": out.name, "tile": list(tile), "shared_with": done[tile].name}
-            continue
-        rewritten = _transform_dir(plugin, target, out, arch, stats, progress)
-        done[tile] = out
-        report[arch] = {"dir": out.name, "tile": list(tile), "rewritten_tensors": rewritten}
-    return {"layout": plugin.layout, "by": plugin.name, "archs": report}
-
-
-def _transform_dir(plugin: Any, target: Path, out: Path, arch: str, stats: LinkStats, progress: Any) -> int:
-    from safetensors.torch import load_file, save_file
-
-    from trtbuild.safetensors_header import read_header
-
-    root = target.resolve()
-    weights = sorted(root.glob("*.safetensors"))
-    # Only shards holding FP8 tensors are rewritten; the others (embeddings, norms) are linked as is.
-    fp8 = [w for w in weights if any(t.get("dtype") == "F8_E4M3" for t in read_header(w).values())]
-    if not fp8:
-        raise UserError(f"plugin {plugin.name} needs FP8 linear weights but {root} has none",
-                        field="engine.plugins", fix="add a quantize: section (FP8) or drop the plugin")
-    link_tree(root, out, stats, skip=tuple(w.name for w in fp8))
-    rewritten = 0
-    with progress.task(f"{plugin.name} weights for {arch}", len(fp8)) as bar:
-        for file in fp8:
-            state = load_file(str(file))
-            new = plugin.transform_weights(state, arch)
-            rewritten += sum(1 for k, v in new.items() if k in state and v is not state[k])
-            meta = {k: str(v) for k, v in plugin.metadata(arch).items()}
-            save_file({k: v.contiguous() for k, v in new.items()}, str(out / file.name), metadata=meta)
-            stats.written += 1
-            stats.bytes_written += (out / file.name).stat().st_size
-            bar.advance(1)
-    return rewritten
-
-
-def aot_plugins(plugin_names: list[str], bundle: Path, archs: list[str], progress: Any) -> dict[str, Any]:
-    """Compile every plugin's kernels for the recipe's archs into plugins/<name>/ and check the SASS."""
+    The server JIT-compiles the same source on first use; this is the build-time proof that it
+    compiles for those archs to FP8 tensor-core code without spills."""
     from trtbuild import plugins
 
     reports: dict[str, Any] = {}
-    for name in plugin_names:
+    for name in sorted(set(kernels.values())):
+        archs = sorted(a for a, k in kernels.items() if k == name)
         plugin = plugins.get(name)
         out = bundle / "plugins" / name
         out.mkdir(parents=True, exist_ok=True)
         progress.log(f"engine: AOT-compiling {name} for {', '.join(archs)}")
-        report = plugin.aot_build(out, list(archs), progress=progress)
+        report = plugin.aot_build(out, archs, progress=progress)
         (out / "sass_report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
         reports[name] = report
     failed = {n: r for n, r in reports.items() if not r.ok}
     if failed:
         name, report = next(iter(failed.items()))
         detail = report.problems[0] if report.problems else "no kernel was compiled"
-        raise BuildError(f"plugin {name}: SASS check failed: {detail}", field="engine.plugins",
+        raise BuildError(f"plugin {name}: SASS check failed: {detail}", field="engine.gemm_plugin",
                          fix=f"see plugins/{name}/sass_report.json in the failed build's log")
     return {n: _sass_summary(r) for n, r in reports.items()}
 
@@ -348,37 +296,7 @@ def _sass_summary(report: Any) -> dict[str, Any]:
             "local_memory_ops": sum(len(k.local_memory_ops) for k in kernels)}
 
 
-def write_trtllm_plugin_modules(plugin_names: list[str], bundle: Path, stats: LinkStats) -> str | None:
-    """The TRT-LLM python plugins as one importable package (trtllm-serve --custom_module_dirs)."""
-    from trtbuild import plugins
-
-    if not plugin_names:
-        return None
-    package = bundle / "plugins" / "trtllm_plugins"
-    modules = []
-    for name in plugin_names:
-        plugin = plugins.get(name)
-        module = plugin.name  # one file per plugin (their module paths share a basename)
-        _write_text(package / f"{module}.py", plugin.trtllm_python_plugin, stats)
-        modules.append(module)
-    init = ('"""TensorRT-LLM python plugins of this bundle; importing registers them (engine load)."""\n'
-            + "".join(f"from . import {m}  # noqa: F401\n" for m in modules))
-    _write_text(package / "__init__.py", init, stats)
-    return str(package.relative_to(bundle))
-
-
 # --- the stage ------------------------------------------------------------------------------------
-
-def _converter_dtype(config: EngineConfig, hf_dir: Path) -> str:
-    if config.legacy.dtype != "auto":
-        return config.legacy.dtype
-    try:
-        cfg = json.loads((hf_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return "bfloat16"
-    dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-    return dtype if dtype in ("float16", "bfloat16", "float32") else "bfloat16"
-
 
 def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     from trtbuild.stages.base import StageResult
@@ -401,24 +319,13 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     stats = LinkStats()
     model_facts = facts_from_dir(inputs.model_hf.resolve())
 
-    # Target (+ tokenizer for engines, which carry none).
-    tokenizer_rel: str | None = None
-    hf_rel: str | None = None
-    if config.backend == "pytorch":
-        target_files = link_tree(inputs.target, bundle / "target", stats)
-        link_tokenizer([inputs.model_hf], bundle / "target", stats)  # export without tokenizer: add it
-        # The release's transformers reads RoPE at the top level of config.json (contract: hf_config).
-        if (bundle / "target" / "config.json").is_file() and rewrite_config(bundle / "target" / "config.json"):
-            stats.written += 1
-        served = "target"
-    else:
-        if inputs.target_kind == "trtllm_checkpoint":
-            target_files = link_tree(inputs.target, bundle / "target", stats)
-        else:  # unquantized: the converter writes target/ from hf/ at build time
-            target_files = link_tree(inputs.target, bundle / "hf", stats)
-            hf_rel = "hf"
-        link_tokenizer([inputs.target, inputs.model_hf], bundle / "tokenizer", stats)
-        tokenizer_rel, served = "tokenizer", "engine"
+    # Target, with the tokenizer when the export carries none.
+    target_files = link_tree(inputs.target, bundle / "target", stats)
+    link_tokenizer([inputs.model_hf], bundle / "target", stats)
+    # The release's transformers reads RoPE at the top level of config.json (contract: hf_config).
+    if (bundle / "target" / "config.json").is_file() and rewrite_config(bundle / "target" / "config.json"):
+        stats.written += 1
+    served = "target"
     target_facts = facts_from_dir(inputs.target.resolve()) or model_facts
     if stats.copied:
         progress.log(f"engine: {stats.copied} files ({stats.bytes_copied / 1e9:.2f} GB) copied, not "
@@ -429,18 +336,39 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         link_tree(inputs.draft, bundle / "draft", stats)
         draft_rel = "draft"
 
-    # Plugins: rewritten weights per arch, AOT kernels + SASS report, TRT-LLM python plugins.
-    plugin_weights = transform_targets(config.plugins, inputs.target, bundle, archs, stats, progress)
-    sass = aot_plugins(config.plugins, bundle, archs, progress) if config.plugins else {}
-    module_dir = write_trtllm_plugin_modules(config.plugins, bundle, stats)
+    # GEMM plugins: the module TensorRT-LLM's server imports, and the kernels' AOT build check.
+    gemm = None
+    launch = conformance.module_launch(config, contract)
+    if config.gemm_plugin is not None:
+        release = contract.version
+        plugin_module.convention(contract)  # a release without a recorded FP8-linear convention: one line
+        hf_config = _hf_config(inputs.target) or _hf_config(inputs.model_hf) or {}
+        quant = (hf_config.get("quantization_config") or {}).get("quant_algo")
+        if quant != "FP8" and not inputs.quantized:
+            raise UserError(f"engine.gemm_plugin runs FP8 per-tensor linears but {inputs.target} is not an FP8 "
+                            f"checkpoint (quantization_config.quant_algo: {quant})", field="engine.gemm_plugin",
+                            fix="add a quantize: section (FP8), or remove gemm_plugin")
+        module_config = plugin_module.module_config(config.gemm_plugin, hf_config, config.tensor_parallel,
+                                                    config.enable_attention_dp)
+        files = plugin_module.write_module(bundle, module_config)
+        stats.written += len(files)
+        sass = aot_plugins(config.gemm_plugin.kernels, bundle, progress)
+        gemm = {"module": f"{plugin_module.MODULE_DIR}/{plugin_module.PACKAGE}", "release": release,
+                "kernels": dict(config.gemm_plugin.kernels), "linears": list(config.gemm_plugin.linears),
+                "max_tokens": config.gemm_plugin.max_tokens,
+                "torch_ops": {k: plugins_op(k) for k in sorted(set(config.gemm_plugin.kernels.values()))},
+                "conventions": sorted(module_config["releases"]),
+                "loaded_by": {"trtllm-serve": launch, "triton_llmapi": {"python_path": launch["python_path"]}},
+                "plan": plugin_module.describe(config.gemm_plugin, archs, contract),
+                "aot": {"dirs": {k: f"plugins/{k}" for k in sass}, "sass": sass,
+                        "note": "build-time check; the server JIT-compiles the same kernel source"}}
 
     options = build_options(config, recipe, target_facts, inputs.draft, draft_rel or "draft", contract=contract)
     write_options(options, bundle / OPTIONS_FILE)
     stats.written += 1
 
     # Launchers.
-    serve = conformance.serve_spec(config, recipe, contract, served=served, tokenizer=tokenizer_rel,
-                                   module_dir=module_dir)
+    serve = conformance.serve_spec(config, recipe, contract, served=served)
     cluster = launchers.ClusterSpec(
         nodes=config.launcher.nodes, gpus_per_node=config.launcher.gpus_per_node,
         partition=config.launcher.slurm.partition, account=config.launcher.slurm.account,
@@ -453,53 +381,25 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         _write_text(bundle / "launch" / name, text, stats, executable=True)
 
     # Everything written so far against the release the bundle is for (one line, exit 2).
-    plugin_texts = {name: plugins_text(name) for name in config.plugins}
     contract_validate.raise_first(
-        conformance.bundle_violations(bundle, options, serve, config, contract, draft=draft_rel, served=served,
-                                      plugin_texts=plugin_texts),
+        conformance.bundle_violations(bundle, options, serve, config, contract, draft=draft_rel, served=served),
         fix=f"see docs/gpu-path.md (engine.trtllm_version: {contract.version})")
 
-    # Legacy engine commands.
-    legacy_info = None
-    commands: list[list[str]] = []
-    if config.backend == "tensorrt":
-        facts = model_facts or target_facts
-        spec = legacy.LegacySpec(
-            model_type=(facts.model_type if facts and facts.model_type else "llama"),
-            dtype=_converter_dtype(config, inputs.model_hf), fp8=inputs.quantized,
-            checkpoint_ready=inputs.target_kind == "trtllm_checkpoint",
-            tensor_parallel=config.tensor_parallel, pipeline_parallel=config.pipeline_parallel,
-            expert_parallel=config.expert_parallel, moe=bool(facts and facts.num_experts),
-            max_batch_size=config.max_batch_size, max_seq_len=options.max_seq_len or 2048,
-            max_num_tokens=config.max_num_tokens, tokens_per_block=config.kv_cache.tokens_per_block,
-            hf_dir=hf_rel or "hf", extra_flags=tuple(config.legacy.extra_flags))
-        convert = legacy.convert_argv(spec)
-        commands = [c for c in (convert, legacy.build_argv(spec)) if c is not None]
-        _write_text(bundle / "build" / "build_engine.sh", legacy.build_script(spec), stats, executable=True)
-        legacy_info = {"script": "build/build_engine.sh", "convert": convert,
-                       "build": legacy.build_argv(spec), "engine_dir": spec.engine_dir}
-        _write_text(bundle / "build" / "commands.json", json.dumps(legacy_info, indent=2) + "\n", stats)
-
-    # The real TensorRT-LLM build / load check, when it is here and a GPU is too.
+    # The real TensorRT-LLM load check, when it is here and a GPU is too.
     trt: dict[str, Any] = {"importable": version is not None, "version": version}
     if version is not None:
         if boundary.gpu_count() == 0:
-            progress.log("engine: tensorrt_llm is importable but no GPU is visible; "
-                         "skipping the build / load check")
+            progress.log("engine: tensorrt_llm is importable but no GPU is visible; skipping the load check")
             trt["load_check"] = "skipped: no GPU"
         else:
-            if commands:
-                trt.update(boundary.build_engine(bundle, commands))
-            tokenizer = bundle / tokenizer_rel if tokenizer_rel else None
-            trt.update(boundary.load_check(bundle / served, with_absolute_paths(options, bundle),
-                                           config.backend, tokenizer))
+            trt.update(boundary.load_check(bundle / served, with_absolute_paths(options, bundle)))
 
     description = {
         "format": BUNDLE_FORMAT,
-        "backend": config.backend,
+        "backend": "pytorch",
         "trtllm_version": contract.version,
         "model": served,
-        "tokenizer": tokenizer_rel or served,
+        "tokenizer": served,
         "draft": draft_rel,
         "llm_api_options": OPTIONS_FILE,
         "launch": {"single_node": "launch/serve.sh", "mpirun": "launch/mpirun.sh",
@@ -512,14 +412,13 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         "quantized": inputs.quantized,
         "target_format": inputs.target_kind,
         "target_files": target_files,
-        "plugins": _plugin_description(config.plugins, plugin_weights, sass, module_dir),
-        "legacy": legacy_info,
+        "gemm_plugin": gemm,
         "tensorrt_llm": trt,
     }
     _write_text(bundle / "bundle.json", json.dumps(description, indent=2, default=str) + "\n", stats)
 
     metrics: dict[str, Any] = {
-        "backend": config.backend,
+        "backend": "pytorch",
         "speculative": draft_rel is not None,
         "max_draft_len": options.speculative_config.max_draft_len if options.speculative_config else None,
         "world_size": config.tensor_parallel * config.pipeline_parallel,
@@ -530,32 +429,23 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         "bytes_linked": stats.bytes_linked,
         "bytes_written": stats.bytes_written,
     }
-    if sass:
-        metrics["plugins"] = sass
+    if gemm is not None:
+        metrics["gemm_plugin"] = {"kernels": gemm["kernels"], "sass": gemm["aot"]["sass"]}
     metrics.update({k: v for k, v in trt.items() if k not in ("importable", "version")})
     info = {"bundle": description, "inputs": {"target": str(inputs.target.resolve()),
                                               "draft": str(inputs.draft.resolve()) if inputs.draft else None}}
     return StageResult(metrics=metrics, info=info)
 
 
-def plugins_text(name: str) -> str:
-    """The TRT-LLM python plugin source a plugin ships (empty when it has none)."""
+def plugins_op(name: str) -> str:
     from trtbuild import plugins
 
-    return str(getattr(plugins.get(name), "trtllm_python_plugin", "") or "")
+    return plugins.get(name).torch_op_name
 
 
-def _plugin_description(names: list[str], weights: dict[str, Any], sass: dict[str, Any],
-                        module_dir: str | None) -> dict[str, Any]:
-    from trtbuild import plugins
-
-    out: dict[str, Any] = {}
-    for name in names:
-        plugin = plugins.get(name)
-        out[name] = {**plugin.describe(), "aot_dir": f"plugins/{name}", "sass": sass.get(name),
-                     "weights": weights.get("archs") if weights.get("layout") == plugin.layout else None,
-                     "trtllm_module_dir": module_dir,
-                     "served_by_trtllm": False,
-                     "note": "TensorRT-LLM's launchers serve target/ (stock layout); target-<arch>/ is read "
-                             "by the plugin's torch op and by trtbuild's runtime"}
-    return out
+def _hf_config(directory: Path) -> dict[str, Any] | None:
+    try:
+        cfg = json.loads((directory.resolve() / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return cfg if isinstance(cfg, dict) else None

@@ -12,13 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UserError
 from trtbuild.trtllm.facts import ModelFacts, target_facts
-from trtbuild.trtllm.legacy import CONVERTERS
 
 if TYPE_CHECKING:
     from trtbuild.stages.engine import EngineConfig
 
-# LLM() arguments of TorchLlmArgs only (the TensorRT-engine LLM rejects them).
-TORCH_ONLY_FIELDS = ("enable_min_latency", "enable_autotuner", "cuda_graphs")
 # Archs with FP8 tensor cores (Ada and newer) / with programmatic dependent launch (Hopper and newer).
 FP8_ARCHS = ("sm_89", "sm_90a", "sm_100a", "sm_120a")
 PDL_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
@@ -107,10 +104,6 @@ def _speculation(config: EngineConfig, recipe: Any) -> list[str]:
         out.append(_line("engine.draft_len", f"{config.draft_len} exceeds draft.max_draft_len {trained} "
                          "the draft was built and measured for",
                          f"set engine.draft_len <= {trained} or raise draft.max_draft_len"))
-    if config.backend == "tensorrt":
-        out.append(_line("engine.backend", "tensorrt cannot serve an EAGLE-3 draft (draft section present): "
-                         "EAGLE-3 runs only on TensorRT-LLM's PyTorch backend",
-                         "set engine.backend: pytorch, or draft.source: none"))
     k = draft_len(config, recipe) or 0
     needed = config.max_batch_size * (1 + k)
     if config.max_num_tokens < needed:
@@ -177,25 +170,10 @@ def _checkpoint_format(config: EngineConfig, recipe: Any, facts: ModelFacts | No
     out: list[str] = []
     quantize = getattr(recipe, "quantize", None)
     export = getattr(quantize, "export", None) if quantize is not None else None
-    if export == "hf" and config.backend == "tensorrt":
-        out.append(_line("quantize.export", "hf (unified FP8 HF checkpoint) cannot feed engine.backend "
-                         "tensorrt: trtllm-build reads a TensorRT-LLM checkpoint",
-                         "set quantize.export: trtllm_checkpoint, or engine.backend: pytorch"))
-    if export == "trtllm_checkpoint" and config.backend == "pytorch":
-        out.append(_line("quantize.export", "trtllm_checkpoint cannot feed engine.backend pytorch: the "
-                         "PyTorch backend loads Hugging Face checkpoints",
-                         "set quantize.export: hf, or engine.backend: tensorrt"))
-    world = config.tensor_parallel * config.pipeline_parallel
-    if export == "trtllm_checkpoint" and config.backend == "tensorrt" and world > 1:
-        out.append(_line("engine.tensor_parallel", f"tp {config.tensor_parallel} x pp "
-                         f"{config.pipeline_parallel} but quantize.export trtllm_checkpoint is written for "
-                         "one rank (rank0.safetensors)", "use tensor_parallel 1 and pipeline_parallel 1 with "
-                         "backend tensorrt, or backend pytorch (which shards at load)"))
-    if (config.backend == "tensorrt" and export != "trtllm_checkpoint" and facts is not None
-            and facts.model_type and facts.model_type not in CONVERTERS):
-        out.append(_line("engine.backend", f"tensorrt has no checkpoint converter for model_type "
-                         f"'{facts.model_type}' ({facts.source})",
-                         f"use engine.backend: pytorch (converters: {', '.join(sorted(CONVERTERS))})"))
+    if export == "trtllm_checkpoint":
+        out.append(_line("quantize.export", "trtllm_checkpoint cannot feed the engine: TensorRT-LLM's "
+                         "PyTorch backend loads Hugging Face checkpoints (the TensorRT-engine backend that "
+                         "read it is removed)", "set quantize.export: hf"))
     _, kv_algo = checkpoint_quant(recipe)
     if config.kv_cache.dtype == "fp8" and kv_algo != "FP8":
         have = f"quantize.kv_cache: {getattr(quantize, 'kv_cache', None)}" if quantize is not None \
@@ -210,52 +188,49 @@ def _checkpoint_format(config: EngineConfig, recipe: Any, facts: ModelFacts | No
 
 
 def _plugins(config: EngineConfig, recipe: Any) -> list[str]:
+    """engine.gemm_plugin: each named kernel exists, serves its arch, and has an FP8 checkpoint and a
+    recorded TensorRT-LLM convention to patch."""
     from trtbuild import plugins
+    from trtbuild.trtllm import plugin_module
 
+    settings = config.gemm_plugin
+    if settings is None:
+        return []
     out: list[str] = []
-    seen: set[str] = set()
-    layouts: dict[str, str] = {}
     quant_algo, _ = checkpoint_quant(recipe)
-    for name in config.plugins:
-        if name in seen:
-            out.append(_line("engine.plugins", f"'{name}' is listed twice", "list each plugin once"))
+    from trtbuild.stages.model import uses_standin
+
+    # A Hub target whose weights are not here yet: its quantization is checked at build time.
+    unknown = quant_algo is None and getattr(recipe, "quantize", None) is None and uses_standin(recipe)
+    if quant_algo != "FP8" and not unknown:
+        have = "no quantize section" if getattr(recipe, "quantize", None) is None else f"quant_algo {quant_algo}"
+        out.append(_line("engine.gemm_plugin", f"the plugins run FP8 per-tensor linears but the engine reads "
+                         f"a checkpoint with {have}", "add a quantize: section (FP8), or remove gemm_plugin"))
+    for arch, name in settings.kernels.items():
+        where = f"engine.gemm_plugin.kernels.{arch}"
+        if arch not in recipe.gpu_archs:
+            out.append(_line(where, f"{arch} is not among gpu_archs ({', '.join(recipe.gpu_archs)})",
+                             "name kernels for the recipe's gpu_archs only"))
             continue
-        seen.add(name)
         try:
             plugin = plugins.get(name)
         except UserError:
-            out.append(_line("engine.plugins", f"unknown plugin '{name}'",
-                             f"use one of: {', '.join(plugins.available())}"))
+            out.append(_line(where, f"unknown plugin '{name}'", f"use one of: {', '.join(plugins.available())}"))
             continue
         except ImportError as exc:
-            out.append(_line("engine.plugins", f"'{name}' could not be imported ({exc})",
+            out.append(_line(where, f"'{name}' could not be imported ({exc})",
                              "run trtbuild from the repository root, where the plugins/ package is"))
             continue
-        layouts[name] = plugin.layout
-        if "fp8_checkpoint" in plugin.requires and quant_algo != "FP8":
-            have = "no quantize section" if getattr(recipe, "quantize", None) is None else "quantize section"
-            out.append(_line("engine.plugins", f"'{name}' rewrites FP8 weights and needs an FP8 checkpoint, "
-                             f"but the engine reads quant_algo {quant_algo} ({have})",
-                             "add a quantize: section (FP8), or remove the plugin"))
-            quant_algo_for_arch = None
-        else:
-            quant_algo_for_arch = quant_algo
-        for arch in recipe.gpu_archs:
-            for reason in plugin.compatibility_problems(arch=arch, quant_algo=quant_algo_for_arch):
-                out.append(_line("engine.plugins", f"'{name}' cannot serve gpu_archs {arch} with checkpoint "
-                                 f"quant_algo {quant_algo}: {reason}",
-                                 _plugin_fix(name, reason, quant_algo, plugin.supported_archs)))
-    if len(set(layouts.values())) > 1:
-        pairs = ", ".join(f"{n}: {lay}" for n, lay in layouts.items())
-        out.append(_line("engine.plugins", f"plugins need different weight layouts ({pairs}) and a weight "
-                         "can be stored in only one", "list plugins that share one layout"))
+        for reason in plugin.compatibility_problems(arch=arch):
+            out.append(_line(where, reason, "use gemm_weight_shuffle where warp specialization is unavailable"
+                             f" ({', '.join(plugins.get('gemm_weight_shuffle').supported_archs)})"))
+    try:
+        from trtbuild.contract import load_contract
+
+        plugin_module.convention(load_contract(config.trtllm_version))
+    except UserError as exc:
+        out.append(_line("engine.gemm_plugin", exc.message, exc.fix or "remove gemm_plugin"))
     return out
-
-
-def _plugin_fix(name: str, reason: str, quant_algo: str | None, archs: tuple[str, ...]) -> str:
-    if quant_algo != "FP8" and "fp8" in reason.lower():
-        return "add a quantize: section (FP8), or remove the plugin"
-    return f"target gpu_archs among {', '.join(archs)}, or remove '{name}' from engine.plugins"
 
 
 def _launcher(config: EngineConfig) -> list[str]:
@@ -305,14 +280,6 @@ def _options(config: EngineConfig) -> list[str]:
     from trtbuild.trtllm.llm_args import parse_options
 
     out: list[str] = []
-    if config.backend == "tensorrt":
-        defaults = type(config).model_fields
-        for name in TORCH_ONLY_FIELDS:
-            value = getattr(config, name)
-            if name in config.model_fields_set and value != defaults[name].default:
-                out.append(_line(f"engine.{name}", f"{value} is an option of the PyTorch backend only, "
-                                 "but engine.backend is tensorrt",
-                                 f"remove engine.{name} or use backend: pytorch"))
     for key in sorted(set(config.llm_api_options) & set(OWNED_OPTIONS)):
         out.append(_line(f"engine.llm_api_options.{key}", "is set by the engine section itself",
                          f"set {OWNED_OPTIONS[key]} instead"))

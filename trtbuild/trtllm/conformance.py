@@ -3,7 +3,9 @@
 `serve_spec` is the one place the launchers' trtllm-serve command is assembled, so the bundle and
 the checks before a build see the same argv. `bundle_violations` checks what a bundle holds;
 `recipe_violations` renders the options and launch command from the recipe alone (the target's
-stand-in config for shapes), for `trtbuild validate` / `plan` / `build` before any work.
+stand-in config for shapes), for `trtbuild validate` / `plan` / `build` before any work. Both cover
+how the GEMM-plugin module is loaded: PYTHONPATH on every release, the custom-module flag where the
+release's trtllm-serve has one.
 """
 
 from __future__ import annotations
@@ -14,46 +16,77 @@ from typing import TYPE_CHECKING, Any
 
 from trtbuild.contract import Contract, Violation, load_contract
 from trtbuild.contract import validate as cv
-from trtbuild.trtllm import launchers
+from trtbuild.trtllm import launchers, plugin_module
 from trtbuild.trtllm.llm_args import LlmApiOptions
 
 if TYPE_CHECKING:
     from trtbuild.stages.engine import EngineConfig
 
 OPTIONS_FILE = "llm_api_options.yaml"
+LAUNCHERS = ("launch/serve.sh", "launch/mpirun.sh", "launch/slurm.sbatch")
 
 
-def serve_spec(config: EngineConfig, recipe: Any, contract: Contract, *, served: str,
-               tokenizer: str | None, module_dir: str | None) -> launchers.ServeSpec:
+def module_launch(config: EngineConfig, contract: Contract) -> dict[str, Any]:
+    """How the launchers load the GEMM-plugin module (nothing without engine.gemm_plugin)."""
+    if config.gemm_plugin is None:
+        return {"python_path": None, "serve_flag": None, "custom_module_dirs": []}
+    return plugin_module.launch(contract)
+
+
+def module_path(config: EngineConfig) -> str | None:
+    return f"{plugin_module.MODULE_DIR}/{plugin_module.PACKAGE}" if config.gemm_plugin is not None else None
+
+
+def serve_spec(config: EngineConfig, recipe: Any, contract: Contract, *, served: str) -> launchers.ServeSpec:
+    launch = module_launch(config, contract)
     return launchers.ServeSpec(
         model=served, backend=config.backend, tensor_parallel=config.tensor_parallel,
         pipeline_parallel=config.pipeline_parallel, expert_parallel=config.expert_parallel,
-        options_file=OPTIONS_FILE, options_flag=contract.serve_options_flag, tokenizer=tokenizer,
+        options_file=OPTIONS_FILE, options_flag=contract.serve_options_flag, tokenizer=None,
         trust_remote_code=bool(getattr(getattr(recipe, "model", None), "trust_remote_code", False)),
-        custom_module_dirs=(module_dir,) if module_dir and config.backend == "tensorrt" else (),
+        custom_module_dirs=tuple(launch["custom_module_dirs"]), python_path=launch["python_path"],
         env=dict(config.env), host=config.launcher.host, port=config.launcher.port)
 
 
 def emitted_violations(options: LlmApiOptions, spec: launchers.ServeSpec, config: EngineConfig,
                        contract: Contract) -> list[Violation]:
+    argv = launchers.serve_argv(spec)
     out = cv.check_llm_args(options.to_dict(), contract, OPTIONS_FILE)
-    out += cv.check_serve_argv(launchers.serve_argv(spec), contract, "launch/serve.sh")
-    if config.backend == "tensorrt":
-        out += cv.check_engine_builder(contract)
+    out += cv.check_serve_argv(argv, contract, "launch/serve.sh")
+    out += cv.check_module_launch(argv, spec.python_path, module_path(config), contract, "launch/serve.sh")
     return out
 
 
 def bundle_violations(bundle: Path, options: LlmApiOptions, spec: launchers.ServeSpec, config: EngineConfig,
-                      contract: Contract, *, draft: str | None, served: str,
-                      plugin_texts: dict[str, str] | None = None) -> list[Violation]:
+                      contract: Contract, *, draft: str | None, served: str) -> list[Violation]:
     out = emitted_violations(options, spec, config, contract)
     if draft is not None:
         out += cv.check_draft_dir(bundle / draft, contract, draft)
     cfg_file = bundle / served / "config.json"
-    if config.backend == "pytorch" and cfg_file.is_file():
+    if cfg_file.is_file():
         out += cv.check_hf_config(json.loads(cfg_file.read_text()), contract, f"{served}/config.json")
-    out += cv.check_plugin_sources(plugin_texts or {}, contract)
+    if spec.python_path:
+        out += module_violations(bundle, spec.python_path, contract)
     return out
+
+
+def module_violations(bundle: Path, python_path: str, contract: Contract) -> list[Violation]:
+    """The written launchers export the module's directory; the shipped module can patch this release."""
+    out: list[Violation] = []
+    for rel in LAUNCHERS:
+        script = bundle / rel
+        if script.is_file():
+            out += cv.check_module_environment(script.read_text(), python_path, contract, rel)
+    config_file = bundle / plugin_module.MODULE_DIR / plugin_module.PACKAGE / "config.json"
+    try:
+        releases = json.loads(config_file.read_text()).get("releases") or {}
+    except (OSError, json.JSONDecodeError):
+        releases = {}
+    if contract.version not in releases:
+        out.append(Violation(str(config_file.relative_to(bundle)), f"carries no FP8-linear convention for "
+                             f"TensorRT-LLM {contract.version}", contract.fact(contract.fp8_linear.get("source"))))
+    sources = {str(p.relative_to(bundle)): p.read_text() for p in (bundle / plugin_module.MODULE_DIR).rglob("*.py")}
+    return out + cv.check_plugin_sources(sources, contract)
 
 
 def recipe_violations(config: EngineConfig, recipe: Any) -> list[Violation]:
@@ -65,13 +98,10 @@ def recipe_violations(config: EngineConfig, recipe: Any) -> list[Violation]:
     contract = load_contract(config.trtllm_version)
     options = build_options(config, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
                             contract=contract)
-    served = "target" if config.backend == "pytorch" else "engine"
-    spec = serve_spec(config, recipe, contract, served=served,
-                      tokenizer=None if config.backend == "pytorch" else "tokenizer",
-                      module_dir="plugins/trtllm_plugins" if config.plugins else None)
+    spec = serve_spec(config, recipe, contract, served="target")
     found = emitted_violations(options, spec, config, contract)
     deploy = getattr(recipe, "deploy", None)
-    if deploy is not None and "trtllm" in deploy.target and config.backend == "pytorch":
+    if deploy is not None and "trtllm" in deploy.target:
         found += _llmapi_violations(config, deploy, options, contract)
     return found
 

@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 class ServeSpec:
     """What every launcher starts: `trtllm-serve MODEL` with these flags."""
 
-    model: str  # relative to the bundle root: "target" (PyTorch) or "engine" (TensorRT)
-    backend: str  # "pytorch" | "tensorrt"
+    model: str  # relative to the bundle root: "target"
+    backend: str  # "pytorch" (the only backend trtbuild serves)
     tensor_parallel: int
     pipeline_parallel: int
     expert_parallel: int
     options_file: str = "llm_api_options.yaml"
     options_flag: str = "--extra_llm_api_options"  # the release's name (contract: trtllm_serve)
-    tokenizer: str | None = None  # TensorRT engines carry no tokenizer
+    tokenizer: str | None = None  # only when the served checkpoint carries none
     trust_remote_code: bool = False
-    custom_module_dirs: tuple[str, ...] = ()  # plugin modules to import at server start
+    custom_module_dirs: tuple[str, ...] = ()  # trtllm-serve --custom_module_dirs (releases that have it)
+    python_path: str | None = None  # bundle dir prepended to PYTHONPATH (the GEMM-plugin module)
     env: dict[str, str] = field(default_factory=dict)
     host: str = "localhost"
     port: int = 8000
@@ -87,6 +88,15 @@ def _env_lines(env: dict[str, str]) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
 
 
+def _python_path_line(spec: ServeSpec, root: str = "$PWD") -> str:
+    """Puts the bundle's module dir first on PYTHONPATH: its sitecustomize imports trtbuild's GEMM
+    plugins into the server and each MPI worker (they inherit the environment)."""
+    if not spec.python_path:
+        return ""
+    return ("# trtbuild's GEMM plugins (trtbuild_gemm): imported by every Python process of the server\n"
+            f'export PYTHONPATH="{root}/{spec.python_path}${{PYTHONPATH:+:$PYTHONPATH}}"\n')
+
+
 _HEADER = "#!/usr/bin/env bash\n# Written by trtbuild{recipe}. {what}\nset -euo pipefail\n"
 
 
@@ -97,13 +107,14 @@ def single_node_script(spec: ServeSpec, recipe_name: str = "") -> str:
             + "# Extra trtllm-serve flags may be appended: launch/serve.sh --log_level debug\n"
             + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
             + _env_lines(spec.env)
+            + _python_path_line(spec)
             + "exec " + _join(serve_argv(spec)) + ' \\\n  "$@"\n')
 
 
 def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
     """OpenMPI launch over `cluster.nodes` hosts listed in $TRTBUILD_HOSTFILE."""
     recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
-    exports = " ".join(f"-x {k}" for k in sorted(spec.env))
+    exports = " ".join(f"-x {k}" for k in sorted({*spec.env, *(["PYTHONPATH"] if spec.python_path else [])}))
     mpirun = ["mpirun", "-np", str(spec.world_size), "--npernode", str(cluster.gpus_per_node),
               "--hostfile", "${TRTBUILD_HOSTFILE}", "--bind-to", "none", "-wdir", "${PWD}"]
     return (_HEADER.format(recipe=recipe, what=f"Serves this bundle on {cluster.nodes} nodes x "
@@ -113,6 +124,7 @@ def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") 
             + f'{cluster.nodes} nodes}}"\n'
             + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
             + _env_lines(spec.env)
+            + _python_path_line(spec)
             + "exec " + _join(mpirun) + (f" \\\n  {exports}" if exports else "")
             + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + ' \\\n    "$@"\n')
 
@@ -133,7 +145,7 @@ def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -
         mounts = ",".join(("${BUNDLE}:${BUNDLE}", *cluster.container_mounts))
         srun += ["--container-image", cluster.container_image, "--container-mounts", mounts,
                  "--container-workdir", "${BUNDLE}"]
-    exports = ",".join(("ALL", *sorted(spec.env)))
+    exports = ",".join(("ALL", *sorted(spec.env)))  # ALL carries PYTHONPATH too
     srun += ["--export", exports]
     script = ("#!/bin/bash\n" + "\n".join(directives) + "\n"
               + f"# Written by trtbuild{recipe}. Serves this bundle on {cluster.nodes} nodes x "
@@ -142,5 +154,6 @@ def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -
               + "set -euo pipefail\n"
               + 'BUNDLE="${TRTBUILD_BUNDLE:-${SLURM_SUBMIT_DIR:-$PWD}}"\n'
               + _env_lines(spec.env)
+              + _python_path_line(spec, "${BUNDLE}")
               + _join(srun) + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + "\n")
     return script

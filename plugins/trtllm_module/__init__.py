@@ -1,0 +1,20 @@
+"""Routes TensorRT-LLM's FP8 (per-tensor) linears through the GEMM plugins' torch ops at decode.
+
+Shipped inside the engine bundle (trtbuild.trtllm.plugin_module writes it as the package
+`trtbuild_gemm`, with a copy of the kernels and a config.json) and imported by the server process
+and its MPI workers; it imports torch, triton and tensorrt_llm only, never trtbuild.
+
+    install(config)   patch now if TensorRT-LLM's linear module is imported, else when it is
+
+What the patch does, per the release's recorded convention (trtbuild/trtllm/plugin_module_facts.yaml):
+- after TensorRT-LLM loaded a linear's weights (the `post_load_weights` hook its model loader calls
+  on every module), each selected FP8 linear gets its weight shuffled once into the plugin layout,
+  next to the standard-layout weight TensorRT-LLM keeps for its own GEMM;
+- FP8QDQLinearMethod.apply sends a call with at most `max_tokens` tokens (decode, speculative
+  verification) to the arch's plugin op, quantizing the input with TensorRT-LLM's own static-scale
+  op; anything else (prefill, dynamic scales, NCCL-window outputs) runs TensorRT-LLM's GEMM.
+"""
+
+from .patch import install, install_from_file, report, select_release
+
+__all__ = ["install", "install_from_file", "report", "select_release"]

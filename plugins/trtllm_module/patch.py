@@ -1,0 +1,293 @@
+"""The patch of TensorRT-LLM's Linear / FP8QDQLinearMethod, written against recorded conventions.
+
+`config` (the bundle's config.json) carries everything that differs per deployment and release:
+
+    kernels      {arch: plugin}                  which kernel each GPU arch runs
+    linears      ["attention", "dense"]          which FP8 linears use it
+    max_tokens   16                              the plugin path's largest token count
+    o_proj_in_features / down_proj_in_features   per-rank in_features telling o_proj from down_proj
+    releases     {key: convention}               from plugin_module_facts.yaml (see select_release)
+    cpu_arch     (tests only) the arch whose tiles CPU tensors get
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOG = logging.getLogger("trtbuild_gemm")
+_STATE_ATTR = "_trtbuild_gemm"
+_PATCHED_FLAG = "__trtbuild_gemm_patched__"
+_COUNTS: Counter = Counter()  # "prepared:<kernel>:<role>", "plugin", "own", "skipped:<why>"
+
+
+class ConventionError(RuntimeError):
+    """The installed TensorRT-LLM does not match the convention the bundle was written for."""
+
+
+# --- which release ----------------------------------------------------------------------------------
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    digits = ["".join(ch for ch in p if ch.isdigit()) or "0" for p in parts[:2]]
+    return int(digits[0]), int(digits[1]) if len(digits) > 1 else 0
+
+
+def select_release(version: str, releases: dict[str, dict[str, Any]]) -> str:
+    """The key of the convention for tensorrt_llm.__version__ (`version_match`: "1.1" or ">=1.2")."""
+    for key, conv in releases.items():
+        match = str(conv.get("version_match", ""))
+        if match.startswith(">="):
+            if _major_minor(version) >= _major_minor(match[2:]):
+                return key
+        elif match and (version == match or version.startswith(match + ".")):
+            return key
+    known = ", ".join(f"{k} ({v.get('version_match')})" for k, v in releases.items())
+    raise ConventionError(f"trtbuild_gemm: no recorded TensorRT-LLM convention matches version {version} "
+                          f"(recorded: {known}); rebuild the bundle for this release or set TRTBUILD_GEMM=off")
+
+
+# --- the per-linear state ---------------------------------------------------------------------------
+
+@dataclass
+class _Plugin:
+    kernel: str
+    op: Any  # torch.ops.trtbuild.<op>
+    weight: Any  # [NT, KT, BN, BK] fp8, shuffled from the linear's weight at load
+    n: int
+    k: int
+    max_tokens: int
+    role: str
+
+
+def _role(linear: Any, config: dict[str, Any]) -> str | None:
+    """attention (fused qkv, o_proj) or dense (fused gate_up, down_proj); None when unknown."""
+    mode = getattr(getattr(linear, "weights_loading_config", None), "weight_mode", None)
+    mode = getattr(mode, "value", mode)
+    if mode == "fused_qkv_linear":
+        return "attention"
+    if mode == "fused_gate_up_linear":
+        return "dense"
+    in_features = getattr(linear, "in_features", None)
+    is_o = in_features in config.get("o_proj_in_features", ())
+    is_down = in_features in config.get("down_proj_in_features", ())
+    if is_o and is_down:
+        return "attention|dense"
+    return "attention" if is_o else "dense" if is_down else None
+
+
+def _arch_of(device: Any, config: dict[str, Any]) -> str | None:
+    if device.type != "cuda":
+        return config.get("cpu_arch")
+    import torch
+
+    from ..common.arch import arch_of_capability
+
+    return arch_of_capability(*torch.cuda.get_device_capability(device))
+
+
+def prepare(linear: Any, method_cls: type, config: dict[str, Any]) -> _Plugin | None:
+    """Shuffle a selected FP8 linear's weight into the plugin layout (once per weight load)."""
+    import torch
+
+    from ..common.arch import ARCHS
+    from ..common.kernels import torch_op
+    from ..common.layout import shuffle
+
+    linear.__dict__.pop(_STATE_ATTR, None)
+    if type(getattr(linear, "quant_method", None)) is not method_cls:
+        return None
+    role = _role(linear, config)
+    wanted = set(config.get("linears", ()))
+    if role is None or not wanted & set(role.split("|")):
+        _COUNTS[f"skipped:role {role}"] += 1
+        return None
+    weight, weight_scale = getattr(linear, "weight", None), getattr(linear, "weight_scale", None)
+    if weight is None or weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or \
+            weight_scale is None or weight_scale.numel() != 1:
+        _COUNTS["skipped:not per-tensor fp8"] += 1
+        return None
+    arch = _arch_of(weight.device, config)
+    kernel = config.get("kernels", {}).get(arch) if arch else None
+    if kernel is None:
+        _COUNTS[f"skipped:no kernel for {arch}"] += 1
+        return None
+    spec = ARCHS[arch]
+    n, k = weight.shape
+    with torch.no_grad():
+        shuffled = shuffle(weight.detach(), spec.block_n, spec.block_k)
+    state = _Plugin(kernel, torch_op(kernel), shuffled, int(n), int(k), int(config["max_tokens"]), role)
+    linear.__dict__[_STATE_ATTR] = state
+    if not any(key.startswith("prepared:") for key in _COUNTS):
+        LOG.info("trtbuild_gemm: FP8 %s linears run %s for <= %d tokens", "/".join(sorted(wanted)),
+                 kernel, state.max_tokens)
+    _COUNTS[f"prepared:{kernel}:{role}"] += 1
+    return state
+
+
+def _run_plugin(state: _Plugin, module: Any, input: Any, bias: Any) -> Any:
+    import torch
+
+    if input.dtype == torch.float8_e4m3fn:
+        qinput = input
+    else:
+        qinput, _ = torch.ops.tensorrt_llm.static_quantize_e4m3_per_tensor(input, module.input_scale)
+    out_dtype = module.dtype or input.dtype
+    y = state.op(qinput, state.weight, module.input_scale, module.weight_scale, state.n, state.k, out_dtype)
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# --- the patch --------------------------------------------------------------------------------------
+
+def _check(conv: dict[str, Any], linear_cls: type, method_cls: type) -> None:
+    """Raise ConventionError unless the classes have the recorded methods and parameters."""
+    apply_params = list(inspect.signature(method_cls.apply).parameters)
+    want = list(conv["apply_params"])
+    problems = []
+    if apply_params[:len(want)] != want:
+        problems.append(f"{method_cls.__name__}.apply takes {apply_params}, recorded {want}")
+    hook = conv["load_hook"]
+    owner = linear_cls if hook["owner"] == conv["linear_class"] else method_cls
+    if not callable(getattr(owner, hook["method"], None)):
+        problems.append(f"{owner.__name__} has no {hook['method']}")
+    elif list(inspect.signature(getattr(owner, hook["method"])).parameters)[:len(hook["params"])] != \
+            list(hook["params"]):
+        problems.append(f"{owner.__name__}.{hook['method']} does not take {hook['params']}")
+    if problems:
+        raise ConventionError("trtbuild_gemm: TensorRT-LLM differs from the recorded convention: "
+                              + "; ".join(problems) + " (rebuild the bundle for this release, or set "
+                              "TRTBUILD_GEMM=off to serve with TensorRT-LLM's own GEMMs)")
+
+
+def _buffer_param(conv: dict[str, Any], signature: inspect.Signature) -> tuple[str, int, Any] | None:
+    """(name, index in *args, default) of apply's output-buffer parameter, when the release has one.
+
+    A non-default value asks for a special output buffer (an NCCL window feeding an all-reduce):
+    that call keeps TensorRT-LLM's GEMM, which knows how to write there."""
+    kind = conv.get("output_buffer_kind")
+    if not kind:
+        return None
+    name = kind["param"]
+    names = list(signature.parameters)
+    return name, names.index(name) - 4, signature.parameters[name].default  # after self, module, input, bias
+
+
+def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[str, Any]) -> None:
+    """Wrap FP8QDQLinearMethod.apply and the post-load hook of `linear_module` (once)."""
+    linear_cls = getattr(linear_module, conv["linear_class"])
+    method_cls = getattr(linear_module, conv["fp8_method_class"])
+    if getattr(method_cls, _PATCHED_FLAG, False):
+        return
+    _check(conv, linear_cls, method_cls)
+    own_apply = method_cls.apply
+    buffer = _buffer_param(conv, inspect.signature(own_apply))
+
+    @functools.wraps(own_apply)
+    def apply(self: Any, module: Any, input: Any, bias: Any, *args: Any, **kwargs: Any) -> Any:
+        state = module.__dict__.get(_STATE_ATTR)
+        if state is not None and getattr(input, "dim", None) is not None and input.dim() >= 1:
+            tokens = input.numel() // max(1, input.shape[-1])
+            if (1 <= tokens <= state.max_tokens and module.input_scale is not None
+                    and not getattr(module, "force_dynamic_quantization", False)
+                    and (buffer is None or kwargs.get(buffer[0], args[buffer[1]] if len(args) > buffer[1]
+                                                     else buffer[2]) == buffer[2])):
+                _COUNTS["plugin"] += 1
+                return _run_plugin(state, module, input, bias)
+        _COUNTS["own"] += 1
+        return own_apply(self, module, input, bias, *args, **kwargs)
+
+    hook = conv["load_hook"]
+    owner = linear_cls if hook["owner"] == conv["linear_class"] else method_cls
+    own_hook = getattr(owner, hook["method"])
+
+    @functools.wraps(own_hook)
+    def post_load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = own_hook(self, *args, **kwargs)
+        linear = self if owner is linear_cls else args[0]
+        prepare(linear, method_cls, config)
+        return result
+
+    method_cls.apply = apply
+    setattr(owner, hook["method"], post_load)
+    setattr(method_cls, _PATCHED_FLAG, True)
+
+
+# --- installing -------------------------------------------------------------------------------------
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches a module right after it executes (TensorRT-LLM's linear module may load later)."""
+
+    def __init__(self, targets: dict[str, Any]) -> None:
+        self.targets = targets  # module name -> callback(module)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.targets:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader, self.targets[name])
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, callback: Any) -> None:
+        self.inner, self.callback = inner, callback
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        self.callback(module)
+
+
+def _on_linear_import(config: dict[str, Any]) -> Any:
+    def callback(module: Any) -> None:
+        import tensorrt_llm
+
+        key = select_release(str(tensorrt_llm.__version__), config["releases"])
+        patch_linear_module(module, config["releases"][key]["linear"], config)
+        _COUNTS[f"release:{key}"] += 1
+    return callback
+
+
+def install(config: dict[str, Any]) -> None:
+    """Patch TensorRT-LLM's linear module now if imported, else when it is (idempotent)."""
+    if os.environ.get("TRTBUILD_GEMM", "on").lower() in ("0", "off", "false", "no"):
+        LOG.info("trtbuild_gemm: off (TRTBUILD_GEMM); FP8 linears keep TensorRT-LLM's GEMM")
+        return
+    modules = {conv["linear"]["module"] for conv in config["releases"].values()}
+    callback = _on_linear_import(config)
+    pending = {}
+    for name in modules:
+        if name in sys.modules:
+            callback(sys.modules[name])
+        else:
+            pending[name] = callback
+    if pending and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(pending))
+
+
+def install_from_file(path: str | Path) -> None:
+    install(json.loads(Path(path).read_text()))
+
+
+def report() -> dict[str, int]:
+    """Counts so far: prepared linears per kernel and role, plugin / own dispatches, skips."""
+    return dict(_COUNTS)

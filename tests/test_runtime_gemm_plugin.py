@@ -1,0 +1,39 @@
+"""The runtime's FP8 linears run the GEMM plugins' op at decode sizes (TRTBUILD_GEMM=reference on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtbuild.runtime.layers import Linear
+
+
+def _fp8_linear(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w = torch.randn(n, k) * 0.05
+    sw = (w.abs().amax() / 448.0).float()
+    return (w / sw).clamp(-448, 448).to(torch.float8_e4m3fn), sw.reshape(1), torch.tensor(0.01)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 16, 17, 40])
+def test_plugin_path_matches_the_dequantized_path(monkeypatch: pytest.MonkeyPatch, tokens: int) -> None:
+    torch.manual_seed(tokens)
+    wq, sw, input_scale = _fp8_linear(300, 200)
+    dense = (wq.float() * sw).to(torch.float64)
+    monkeypatch.setenv("TRTBUILD_GEMM", "off")
+    own = Linear(dense, None, input_scale)
+    monkeypatch.setenv("TRTBUILD_GEMM", "reference")
+    plugin = Linear(dense, None, input_scale, fp8=(wq, sw))
+    assert own.plugin is None and plugin.plugin is not None and plugin.plugin.weight.dim() == 4
+    x = torch.randn(1, tokens, 200, dtype=torch.float64)
+    y_own, y_plugin = own(x), plugin(x)
+    assert y_plugin.shape == (1, tokens, 300) and y_plugin.dtype == torch.float64
+    if tokens > 16:  # prefill-sized: the linear's own path, bit for bit
+        assert torch.equal(y_plugin, y_own)
+    else:  # same FP8 operands; the own path's weight went through float32 dequantization (~1e-8)
+        assert float((y_plugin - y_own).abs().max()) <= 1e-6 * float(y_own.abs().max())
+
+
+def test_cpu_default_keeps_the_dequantized_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRTBUILD_GEMM", raising=False)
+    wq, sw, input_scale = _fp8_linear(64, 64)
+    assert Linear((wq.float() * sw).double(), None, input_scale, fp8=(wq, sw)).plugin is None

@@ -1,0 +1,150 @@
+"""The bundle's TensorRT-LLM module against stand-ins of each recorded release's calling convention.
+
+TensorRT-LLM cannot be installed here, so tests/trtllm_standins/ holds a minimal stand-in of each
+release's Linear / FP8QDQLinearMethod / loader loop, built from the signatures recorded in each
+contract's fp8_linear section (trtbuild/contract/; stand-ins, not TensorRT-LLM). The module is the one a
+bundle ships (written by trtbuild.trtllm.plugin_module.write_module) and runs in a fresh process
+whose PYTHONPATH starts with the bundle's trtllm_module/, as a server's would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trtbuild.contract import available_versions, module_conventions
+from trtbuild.trtllm import plugin_module
+
+STANDINS = Path(__file__).parent / "trtllm_standins"
+RELEASES = {"1.1.0": "rel_1_1", "main-0004396": "rel_main"}
+
+
+def test_a_stand_in_for_every_contract() -> None:
+    assert sorted(RELEASES) == sorted(available_versions())
+
+
+def write_bundle_module(tmp: Path, kernels: dict[str, str] | None = None) -> Path:
+    settings = SimpleNamespace(kernels=kernels or {"sm_90a": "spatial_partition"},
+                               linears=["attention", "dense"], max_tokens=16)
+    hf = {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+          "intermediate_size": 160}
+    config = plugin_module.module_config(settings, hf, tensor_parallel=1)
+    config["cpu_arch"] = next(iter(settings.kernels))  # CPU tensors get this arch's tiles (tests only)
+    plugin_module.write_module(tmp, config)
+    return tmp / plugin_module.MODULE_DIR
+
+
+def run_scenario(module_dir: Path, release: str, dtype: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(module_dir), str(STANDINS / RELEASES[release]), str(STANDINS)]))
+    proc = subprocess.run([sys.executable, str(STANDINS / "scenario.py"), dtype], env=env, cwd=module_dir,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_bundle_module(tmp_path_factory.mktemp("bundle"))
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_dispatch_and_load_time_shuffle(module_dir: Path, release: str) -> None:
+    out = run_scenario(module_dir, release, "float32")
+    assert out["report"][f"release:{release}"] == 1  # selected from tensorrt_llm.__version__
+    assert out["imported"] == []  # nothing from trtbuild or the repository's plugins/ package
+    for name, entry in out["linears"].items():
+        assert entry["prepared"], name
+        assert entry["kernel"] == "spatial_partition"
+        assert entry["role"] == ("attention" if name in ("qkv_proj", "o_proj") else "dense")
+        # TensorRT-LLM keeps its standard [N, K] fp8 weight; the plugin copy is its tile layout.
+        assert entry["weight_layout"][1] == "torch.float8_e4m3fn"
+        assert entry["shuffled_equals_weight"] and entry["shuffled_is_layout_of_weight"]
+        for tokens, run in entry["runs"].items():
+            decode = int(tokens) <= 16
+            assert run["path"] == ("plugin" if decode else "own"), (name, tokens)
+            assert run["own_gemm_called"] is (not decode), (name, tokens)
+            assert run["dtype"] == "torch.float32"
+            # Same fp8 operands, float32 accumulation on both paths: equal up to summation order.
+            assert run["max_abs_vs_own"] <= 1e-5 * max(1.0, run["ref_scale"]), (name, tokens, run)
+            assert run["max_abs_vs_ref"] <= 1e-5 * max(1.0, run["ref_scale"]), (name, tokens, run)
+    assert out["three_d"] == {"shape": [2, 4, (4 + 2 * 2) * 24], "plugin": True}
+    assert out["reload_reshuffled"]
+    assert out["attention_only"] == {"qkv_proj": True, "o_proj": True, "gate_up_proj": False,
+                                     "down_proj": False}
+    if release.startswith("main"):
+        assert out["window_output_plugin"] is False
+
+
+def test_bfloat16_outputs_match_within_one_rounding(module_dir: Path) -> None:
+    out = run_scenario(module_dir, "1.1.0", "bfloat16")
+    for entry in out["linears"].values():
+        for run in entry["runs"].values():
+            assert run["dtype"] == "torch.bfloat16"
+            # bf16 keeps 8 bits: the two float32 sums may round to neighbouring bf16 values.
+            assert run["max_abs_vs_own"] <= 2 ** -7 * run["ref_scale"] + 1e-6
+
+
+def test_gemm_weight_shuffle_tiles(tmp_path: Path) -> None:
+    module_dir = write_bundle_module(tmp_path, {"sm_89": "gemm_weight_shuffle"})
+    out = run_scenario(module_dir, "1.1.0", "float32")
+    for entry in out["linears"].values():
+        assert entry["kernel"] == "gemm_weight_shuffle"
+        assert entry["shuffled_equals_weight"]
+        assert entry["runs"]["1"]["path"] == "plugin"
+
+
+def test_release_selection_by_version() -> None:
+    from plugins.trtllm_module.patch import ConventionError, select_release
+
+    releases = module_conventions()
+    assert select_release("1.1.0", releases) == "1.1.0"
+    assert select_release("1.1.0rc5", releases) == "1.1.0"
+    assert select_release("1.2.0rc1", releases) == "main-0004396"
+    assert select_release("1.3.0rc24", releases) == "main-0004396"
+    with pytest.raises(ConventionError, match="no recorded TensorRT-LLM convention matches version 1.0.0"):
+        select_release("1.0.0", releases)
+
+
+def test_signature_drift_is_a_clear_error() -> None:
+    from plugins.trtllm_module.patch import ConventionError, patch_linear_module
+
+    class Method:
+        def apply(self, module, input, bias, extra):  # noqa: ANN001, ANN201 - a drifted signature
+            return None
+
+    class Linear:
+        def post_load_weights(self):  # noqa: ANN201
+            return None
+
+    fake = types.SimpleNamespace(Linear=Linear, FP8QDQLinearMethod=Method)
+    conv = module_conventions()["main-0004396"]["linear"]
+    with pytest.raises(ConventionError, match=r"Method.apply takes .* recorded"):
+        patch_linear_module(fake, conv, {"releases": {}})
+
+
+def test_off_switch_leaves_trtllm_alone(module_dir: Path) -> None:
+    env = dict(os.environ, TRTBUILD_GEMM="off", PYTHONPATH=os.pathsep.join(
+        [str(module_dir), str(STANDINS / "rel_1_1"), str(STANDINS)]))
+    code = ("from tensorrt_llm._torch.modules import linear as L\n"
+            "print(hasattr(L.FP8QDQLinearMethod.apply, '__wrapped__'))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_shipped_files_match_the_repository(module_dir: Path) -> None:
+    package = module_dir / plugin_module.PACKAGE
+    for rel in plugin_module.SHIPPED:
+        if rel != "__init__.py":
+            assert (package / rel).read_bytes() == (Path(__file__).parents[1] / "plugins" / rel).read_bytes()
+    config = json.loads((package / "config.json").read_text())
+    assert config["releases"] == module_conventions()
+    assert config["o_proj_in_features"] == [96] and config["down_proj_in_features"] == [160]
