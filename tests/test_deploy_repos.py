@@ -1,4 +1,4 @@
-"""The deploy stage's repositories, from real engine bundles (both backends), checked against the bundle.
+"""The deploy stage's repositories, from real engine bundles, checked against the bundle.
 
 Each config.pbtxt is parsed here with protobuf's text_format into tritonclient's ModelConfig
 (independently of the stage's own check), and the values are compared with what the engine
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import subprocess
 from pathlib import Path
 
@@ -119,73 +118,45 @@ def test_local_repository_names_bundle_dirs(tmp_path: Path, sources: dict[str, P
     assert values["num_threads"] == "1"
 
 
-def _choices(text: str) -> list[list[int]]:
-    """eagle_choices as TensorRT-LLM's backend reads it (brace groups of comma-separated ints)."""
-    return [[int(x) for x in group.split(",")] for group in re.findall(r"\{([^{}]*)\}", text)]
-
-
-def test_tensorrt_inflight_batcher_agrees_with_bundle(tmp_path: Path, sources: dict[str, Path]) -> None:
-    recipe = make_recipe(tmp_path, engine={"backend": "tensorrt", "max_batch_size": 8},
-                         deploy={"max_batch_size": 4, "trtllm": {"bls": True}, "instance_count": 2})
-    engine = build_engine(tmp_path, sources, recipe)
-    deploy, _ = build_deploy(tmp_path, engine, recipe)
-    bundle = engine / "bundle"
-    info = json.loads((bundle / "bundle.json").read_text())
-    configs = all_configs(deploy / "repo_trtllm")
-    assert sorted(configs) == ["llm", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
-    no_placeholders(deploy)
-    for name, config in configs.items():
-        assert config.name == name
-        assert config.max_batch_size == 4, name
-    trt = params(configs["tensorrt_llm"])
-    assert configs["tensorrt_llm"].backend == "tensorrtllm"
-    assert to_bundle(trt["gpt_model_path"], bundle) == bundle / info["legacy"]["engine_dir"]
-    assert (to_bundle(trt["tokenizer_dir"], bundle) / "tokenizer.json").is_file()
-    # Read by the backend without a fallback: must be present (empty disables guided decoding).
-    assert trt["guided_decoding_backend"] == "" and trt["xgrammar_tokenizer_info_path"] == ""
-    draft_len = read_options(bundle / "llm_api_options.yaml").speculative_config.max_draft_len
-    assert trt["decoding_mode"] == "eagle"
-    assert _choices(trt["eagle_choices"]) == [[0] * d for d in range(1, draft_len + 1)]
-    assert configs["tensorrt_llm"].dynamic_batching.max_queue_delay_microseconds == 0
-    pre, post = params(configs["preprocessing"]), params(configs["postprocessing"])
-    assert pre["tokenizer_dir"] == post["tokenizer_dir"] == trt["tokenizer_dir"]
-    assert pre["multimodal_model_path"] == ""  # read with [] by its model.py
-    assert configs["preprocessing"].instance_group[0].count == 2
-
-    # Ensemble wiring: every step reads tensors that exist and writes its model's real outputs.
-    ensemble = configs["llm"]
-    available = {t.name for t in ensemble.input}
-    for step in ensemble.ensemble_scheduling.step:
-        model = configs[step.model_name]
-        assert set(step.input_map) <= {t.name for t in model.input}, step.model_name
-        assert set(step.input_map.values()) <= available, step.model_name
-        assert set(step.output_map) <= {t.name for t in model.output}, step.model_name
-        available |= set(step.output_map.values())
-    assert {t.name for t in ensemble.output} <= available
-
-    start = (deploy / "launch" / "start_in_container.sh").read_text()
-    assert "preprocessing/1/model.py" in start and "tensorrt_llm_bls/1/." in start
-    assert "mpirun" not in start  # world size 1
-
-
-def test_tensorrt_multi_gpu_launcher_runs_world_size_ranks(tmp_path: Path, sources: dict[str, Path]) -> None:
-    engine = {"backend": "tensorrt", "tensor_parallel": 2, "pipeline_parallel": 2}
-    recipe = make_recipe(tmp_path, engine=engine, draft=False, deploy={"target": "trtllm", "http_port": 9000})
-    engine = build_engine(tmp_path, sources, recipe)
-    deploy, _ = build_deploy(tmp_path, engine, recipe)
-    trt = params(parse(deploy / "repo_trtllm" / "tensorrt_llm" / "config.pbtxt"))
-    assert trt["decoding_mode"] == "top_k_top_p" and "eagle_choices" not in trt
-    assert trt["gpu_device_ids"] == "0,1,2,3"
+def test_multi_gpu_llmapi_model_runs_one_tritonserver(tmp_path: Path, sources: dict[str, Path]) -> None:
+    """tp x pp = 4, two instances: the LLM-API model starts its ranks itself (one tritonserver), and each
+    instance gets its GPUs through gpu_device_ids where the release reads it (after 1.1)."""
+    engine = {"tensor_parallel": 2, "pipeline_parallel": 2, "trtllm_version": "main-0004396"}
+    recipe = make_recipe(tmp_path, engine=engine, draft=False,
+                         deploy={"target": "trtllm", "http_port": 9000, "instance_count": 2})
+    engine_dir = build_engine(tmp_path, sources, recipe)
+    deploy, _ = build_deploy(tmp_path, engine_dir, recipe)
+    config = parse(deploy / "repo_trtllm" / "llm" / "config.pbtxt")
+    assert params(config)["gpu_device_ids"] == "0,1,2,3;4,5,6,7"
+    assert config.instance_group[0].count == 2
+    model_yaml = yaml.safe_load((deploy / "repo_trtllm" / "llm" / "1" / "model.yaml").read_text())
+    assert (model_yaml["tensor_parallel_size"], model_yaml["pipeline_parallel_size"]) == (2, 2)
     start = (deploy / "launch" / "start_in_container.sh").read_text()
     command = start.splitlines()[-1]
-    assert command.startswith("exec mpirun --allow-run-as-root")
-    assert command.count("tritonserver ") == 4 and command.count(" : ") == 3
-    assert command.count("--load-model=tensorrt_llm") == 3 and command.count("--http-port=8000") == 1
+    assert command.startswith("exec tritonserver ") and "mpirun" not in start and command.count("tritonserver") == 1
+    assert 'cp "$ALL_MODELS/llmapi/tensorrt_llm/1/"*.py "$REPO/llm/1/"' in start
+    assert "PYTHONPATH" not in start  # no GEMM-plugin module in this bundle
     docker = (deploy / "launch" / "triton_trtllm.sh").read_text()
     assert "-p 9000:8000" in docker and recipe.deploy.trtllm.image in docker
     assert '-v "$BUNDLE:/bundle:ro"' in docker
     for script in (deploy / "launch").glob("*.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
+    # 1.1.0's LLM-API model reads no gpu_device_ids: the same deployment is a one-line error there.
+    recipe_11 = make_recipe(tmp_path, engine={**engine, "trtllm_version": "1.1.0"}, draft=False,
+                            deploy={"target": "trtllm", "instance_count": 2})
+    engine_11 = build_engine(tmp_path, sources, recipe_11, name="engine-11")
+    with pytest.raises(UserError) as err:
+        build_deploy(tmp_path, engine_11, recipe_11, name="deploy-11")
+    assert "parameters.gpu_device_ids" in err.value.one_line() and "llmapi.md@" in err.value.one_line()
+
+
+def test_bundle_of_a_removed_backend_is_refused(tmp_path: Path, sources: dict[str, Path]) -> None:
+    recipe = make_recipe(tmp_path, draft=False, deploy={"target": "trtllm"})
+    engine_dir = build_engine(tmp_path, sources, recipe)
+    described = engine_dir / "bundle" / "bundle.json"
+    described.write_text(described.read_text().replace('"backend": "pytorch"', '"backend": "tensorrt"'))
+    with pytest.raises(BuildError, match="backend 'tensorrt', which trtbuild no longer serves"):
+        build_deploy(tmp_path, engine_dir, recipe)
 
 
 def test_no_draft_pytorch_has_no_speculation(tmp_path: Path, sources: dict[str, Path]) -> None:

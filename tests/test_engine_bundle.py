@@ -1,4 +1,4 @@
-"""The engine stage on real artifacts: bundle layout, hard links, options, launchers, legacy commands."""
+"""The engine stage on real artifacts: bundle layout, hard links, options, launchers, the GEMM-plugin module."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from draft_fixtures import write_target
 
+from trtbuild.contract import available_versions
 from trtbuild.contract.hf_config import legacy_rope_keys
 from trtbuild.errors import UserError
 from trtbuild.progress import Progress
@@ -72,8 +74,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"model": root / "model", "draft": root / "draft"}
 
 
-def _recipe(tmp_path: Path, engine: dict, draft: bool = True):
-    data = {"name": "bundle-test", "model": {"source": "path", "path": "m"}, "engine": engine}
+def _recipe(tmp_path: Path, engine: dict, draft: bool = True, **top: object):
+    data = {"name": "bundle-test", "model": {"source": "path", "path": "m"}, "engine": engine, **top}
     if draft:
         data["draft"] = {"source": "train", "max_draft_len": 3}
     path = tmp_path / "r.yaml"
@@ -147,7 +149,10 @@ def test_pytorch_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert described["model"] == "target" and described["draft"] == "draft"
     for rel in (described["llm_api_options"], *described["launch"].values()):
         assert (bundle / rel).is_file()
-    assert not (bundle / "build").exists()  # the legacy commands are for backend tensorrt only
+    assert described["trtllm_version"] == "1.1.0" and described["gemm_plugin"] is None
+    assert not (bundle / "build").exists() and not (bundle / "trtllm_module").exists()
+    serve = (bundle / "launch" / "serve.sh").read_text()
+    assert "--extra_llm_api_options llm_api_options.yaml" in serve and "PYTHONPATH" not in serve
 
 
 def test_bundle_target_loads_with_transformers(tmp_path: Path, artifacts: dict[str, Path]) -> None:
@@ -165,26 +170,22 @@ def test_bundle_target_loads_with_transformers(tmp_path: Path, artifacts: dict[s
     assert "speculative_config" not in yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
 
 
-def test_tensorrt_bundle_has_legacy_commands(tmp_path: Path, artifacts: dict[str, Path]) -> None:
-    engine = {"backend": "tensorrt", "max_batch_size": 8, "max_seq_len": 256}
-    _, bundle, result, _ = _run(tmp_path, artifacts, engine, draft=False)
-    assert (bundle / "hf" / "config.json").is_file() and (bundle / "tokenizer" / "tokenizer.json").is_file()
-    commands = json.loads((bundle / "build" / "commands.json").read_text())
-    convert, build = commands["convert"], commands["build"]
-    assert convert[convert.index("--model_dir") + 1] == "hf"
-    assert convert[convert.index("--output_dir") + 1] == "target"
-    assert convert[convert.index("--dtype") + 1] == "float32"  # the tiny target's dtype
-    assert build[build.index("--checkpoint_dir") + 1] == "target"
-    assert build[build.index("--max_seq_len") + 1] == "256"
-    assert "--gemm_plugin" in build and "--use_fp8_context_fmha" not in build
-    script = (bundle / "build" / "build_engine.sh").read_text()
-    assert "convert_checkpoint.py" in script and "trtllm-build" in script
-    assert subprocess.run(["bash", "-n", str(bundle / "build" / "build_engine.sh")]).returncode == 0
+def test_bundle_for_the_newest_contract(tmp_path: Path, artifacts: dict[str, Path]) -> None:
+    """engine.trtllm_version main-0004396: that release's decoding type, draft key and options flag."""
+    _, bundle, _, _ = _run(tmp_path, artifacts, {"trtllm_version": "main-0004396"})
+    spec = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())["speculative_config"]
+    assert spec["decoding_type"] == "Eagle3" and spec["speculative_model"] == "./draft"
+    assert "speculative_model_dir" not in spec
     serve = (bundle / "launch" / "serve.sh").read_text()
-    assert "./engine" in serve and "--tokenizer ./tokenizer" in serve and "--backend tensorrt" in serve
-    data = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
-    assert "cuda_graph_config" not in data and "enable_autotuner" not in data  # PyTorch-only arguments
-    assert result.metrics["backend"] == "tensorrt"
+    assert "--config llm_api_options.yaml" in serve and "--extra_llm_api_options" not in serve
+    assert json.loads((bundle / "bundle.json").read_text())["trtllm_version"] == "main-0004396"
+
+
+def test_gemm_plugin_needs_an_fp8_checkpoint(tmp_path: Path, artifacts: dict[str, Path]) -> None:
+    with pytest.raises(UserError) as err:
+        _run(tmp_path, artifacts, {"gemm_plugin": {"kernels": {"sm_90a": "spatial_partition"}}}, draft=False)
+    line = err.value.one_line()
+    assert "engine.gemm_plugin" in line and "not an FP8 checkpoint" in line and "\n" not in line
 
 
 def test_require_tensorrt_llm_is_a_one_line_error(tmp_path: Path, artifacts: dict[str, Path]) -> None:
@@ -213,65 +214,83 @@ def quantized(artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     return out
 
 
+STANDINS = Path(__file__).parent / "trtllm_standins"
+STANDIN_OF = {"1.1.0": "rel_1_1", "main-0004396": "rel_main"}
+
+
 @pytest.mark.slow
-def test_plugin_bundle_transforms_weights_and_compiles_kernels(tmp_path: Path, artifacts: dict[str, Path],
-                                                               quantized: Path) -> None:
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+@pytest.mark.parametrize("version", available_versions())
+def test_gemm_plugin_bundle_ships_the_module_the_release_loads(tmp_path: Path, artifacts: dict[str, Path],
+                                                               quantized: Path, version: str) -> None:
+    """An FP8 bundle with engine.gemm_plugin: the module, its launch for `version`, the AOT check, and
+    the Triton launcher; then the bundle's own module patches the stand-in of that release."""
+    from deploy_fixtures import build_deploy
 
-    from trtbuild import plugins
+    from trtbuild.contract import load_contract, module_conventions
+    from trtbuild.trtllm import conformance
 
-    def raw(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous().view(-1).view(torch.uint8)
-
-    recipe = _recipe(tmp_path, {"plugins": ["gemm_weight_shuffle"]}, draft=False)
+    engine = {"trtllm_version": version, "gemm_plugin": {"kernels": {"sm_90a": "spatial_partition"}}}
+    recipe = _recipe(tmp_path, engine, draft=False, gpu_archs=["sm_90a"], deploy={"target": ["trtllm"]})
     ctx = StageContext(recipe, {"model": Artifact("model", "k-model", artifacts["model"]),
                                 "quantize": Artifact("quantize", "k-q", quantized)},
                        tmp_path / "out", RecordingProgress())
     ctx.out_dir.mkdir()
     result = EngineStage().run(recipe.engine, ctx)
     bundle = ctx.out_dir / "bundle"
-    plugin = plugins.get("gemm_weight_shuffle")
-    source = quantized / "hf"
-    original = load_file(source / "model.safetensors")
+    contract = load_contract(version)
 
-    # target/ is the stock FP8 checkpoint TRT-LLM loads; target-<arch>/ holds the shuffled weights.
-    assert _same_file(bundle / "target" / "model.safetensors", source / "model.safetensors")
-    for arch in recipe.gpu_archs:
-        arch_dir = bundle / f"target-{arch}"
-        assert _same_file(arch_dir / "config.json", source / "config.json")
-        shuffled = load_file(arch_dir / "model.safetensors")
-        fp8 = [n for n, t in original.items() if t.dtype == torch.float8_e4m3fn]
-        assert fp8 and all(shuffled[n].shape != original[n].shape
-                           or not raw(shuffled[n]).equal(raw(original[n])) for n in fp8)
-        restored = plugin.untransform_weights(shuffled)
-        assert restored.keys() == original.keys()
-        for name, tensor in original.items():  # bit-exact round trip
-            assert restored[name].dtype == tensor.dtype and restored[name].shape == tensor.shape, name
-            assert raw(restored[name]).equal(raw(tensor)), name
-        with safe_open(arch_dir / "model.safetensors", "pt") as f:
-            meta = f.metadata()
-        block_n, block_k = plugin.tile_for(arch)
-        assert meta["trtbuild.weight_layout.block_n"] == str(block_n)
-        assert meta["trtbuild.weight_layout.block_k"] == str(block_k)
+    # TensorRT-LLM reads the stock FP8 checkpoint (hard-linked); no pre-shuffled copies any more.
+    assert _same_file(bundle / "target" / "model.safetensors", quantized / "hf" / "model.safetensors")
+    assert not list(bundle.glob("target-*"))
+    module = bundle / "trtllm_module"
+    assert (module / "sitecustomize.py").is_file() and (module / "trtbuild_gemm" / "__init__.py").is_file()
+    config = json.loads((module / "trtbuild_gemm" / "config.json").read_text())
+    assert config["kernels"] == {"sm_90a": "spatial_partition"} and config["max_tokens"] == 16
+    assert config["releases"] == module_conventions() and version in config["releases"]
 
-    # AOT: cubins for every arch, SASS with FP8 tensor-core MMAs and no spills, recorded in metrics.
-    sass = result.metrics["plugins"]["gemm_weight_shuffle"]
-    assert sass["ok"] and sass["archs"] == sorted(recipe.gpu_archs)
+    # Launch: PYTHONPATH on every launcher; the custom-module flag only where trtllm-serve has it.
+    serve = (bundle / "launch" / "serve.sh").read_text()
+    assert 'export PYTHONPATH="$PWD/trtllm_module${PYTHONPATH:+:$PYTHONPATH}"' in serve
+    assert "-x PYTHONPATH" in (bundle / "launch" / "mpirun.sh").read_text()
+    assert 'export PYTHONPATH="${BUNDLE}/trtllm_module' in (bundle / "launch" / "slurm.sbatch").read_text()
+    has_flag = "--custom_module_dirs ./trtllm_module/trtbuild_gemm" in serve
+    assert has_flag is (contract.custom_module_flag is not None) is (version != "1.1.0")
+    described = json.loads((bundle / "bundle.json").read_text())["gemm_plugin"]
+    assert described["release"] == version and described["module"] == "trtllm_module/trtbuild_gemm"
+    assert described["loaded_by"]["triton_llmapi"] == {"python_path": "trtllm_module"}
+
+    # The conformance check reads the written launchers: one without the module's PYTHONPATH fails.
+    assert conformance.module_violations(bundle, "trtllm_module", contract) == []
+    (bundle / "launch" / "serve.sh").write_text(serve.replace("export PYTHONPATH=", "export OTHER="))
+    broken = conformance.module_violations(bundle, "trtllm_module", contract)
+    assert [v.field for v in broken] == ["launch/serve.sh:PYTHONPATH"] and "mpi_session.py@" in broken[0].fact
+    (bundle / "launch" / "serve.sh").write_text(serve)
+
+    # AOT: cubins with FP8 tensor-core MMAs and no spills, recorded in metrics.
+    sass = result.metrics["gemm_plugin"]["sass"]["spatial_partition"]
+    assert sass["ok"] and sass["archs"] == ["sm_90a"]
     assert sass["mma"] and sass["spill_bytes"] == 0 and sass["local_memory_ops"] == 0
-    report = json.loads((bundle / "plugins" / "gemm_weight_shuffle" / "sass_report.json").read_text())
-    for kernel in report["kernels"]:
-        assert (bundle / "plugins" / "gemm_weight_shuffle" / kernel["cubin"]).is_file()
+    report = json.loads((bundle / "plugins" / "spatial_partition" / "sass_report.json").read_text())
+    assert all((bundle / "plugins" / "spatial_partition" / k["cubin"]).is_file() for k in report["kernels"])
 
-    # The TRT-LLM python plugin is in the bundle as an importable package, syntax-valid.
-    module = bundle / "plugins" / "trtllm_plugins" / "gemm_weight_shuffle.py"
-    assert module.read_text() == plugin.trtllm_python_plugin
-    compile(module.read_text(), str(module), "exec")
-    assert "from . import gemm_weight_shuffle" in (module.parent / "__init__.py").read_text()
-    described = json.loads((bundle / "bundle.json").read_text())["plugins"]["gemm_weight_shuffle"]
-    assert set(described["weights"]) == set(recipe.gpu_archs)
+    # Triton: the LLM-API model has no import hook, so its start script exports the module's directory.
+    deploy, _ = build_deploy(tmp_path, ctx.out_dir, recipe)
+    start = (deploy / "launch" / "start_in_container.sh").read_text()
+    assert "export PYTHONPATH=/bundle/trtllm_module" in start
+    assert subprocess.run(["bash", "-n", str(deploy / "launch" / "start_in_container.sh")]).returncode == 0
 
+    # The bundle's module, as a server process would start it (PYTHONPATH: the bundle's trtllm_module
+    # first), patches the stand-in of this release and picks its convention by tensorrt_llm.__version__.
+    code = ("import trtbuild_gemm\nfrom tensorrt_llm._torch.modules import linear as L\n"
+            "import json\nprint(json.dumps([trtbuild_gemm.report(), hasattr(L.FP8QDQLinearMethod.apply, "
+            "'__wrapped__'), 'trtbuild' in __import__('sys').modules]))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(module), str(STANDINS / STANDIN_OF[version]),
+                                                       str(STANDINS)]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=bundle, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts, patched, imported_trtbuild = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts == {f"release:{version}": 1} and patched and not imported_trtbuild
 
 
 MAVERICK_CONFIG = {  # the shape facts of Llama-4-Maverick-17B-128E's config.json

@@ -44,7 +44,6 @@ def _engine_problems(recipe) -> list[str]:
 
 DRAFT = {"source": "train", "max_draft_len": 3}
 FP8_HF = {"export": "hf"}
-FP8_CKPT = {"export": "trtllm_checkpoint"}
 
 # (id, recipe sections, model config, gpu_archs, substrings of the one expected line)
 CASES = [
@@ -70,8 +69,6 @@ CASES = [
      ["engine.enable_attention_dp", "tensor_parallel is 1"]),
     ("seq-len-vs-context", {"engine": {"max_seq_len": 4096}}, LLAMA, None,
      ["engine.max_seq_len", "4096 exceeds", "max_position_embeddings 512", "<= 512"]),
-    ("trtllm-export-vs-pytorch", {"quantize": FP8_CKPT, "engine": {"backend": "pytorch"}}, LLAMA, None,
-     ["quantize.export", "trtllm_checkpoint cannot feed the engine", "quantize.export: hf"]),
     ("fp8-kv-without-scales", {"engine": {"kv_cache": {"dtype": "fp8"}}}, LLAMA, None,
      ["engine.kv_cache.dtype", "no calibrated FP8 KV scales", "quantize.kv_cache: fp8"]),
     ("bf16-kv-drops-scales", {"quantize": {"kv_cache": "fp8"}, "engine": {"kv_cache": {"dtype": "bfloat16"}}},

@@ -1,15 +1,13 @@
-"""The quantize section's schema, its cache-key material, and the legacy-export rope fix-up."""
+"""The quantize section's schema and its cache-key material."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.modelopt_fp8 import fix_trtllm_rope
 from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage
 
 
@@ -53,17 +51,7 @@ def test_key_material_follows_file_contents(tmp_path: Path) -> None:
     assert QuantizeStage().key_material(config, recipe) != first
 
 
-def test_trtllm_rope_fix(tmp_path: Path) -> None:
-    """transformers 5 configs keep rope settings in rope_parameters; the legacy config needs them."""
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
-    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    fix_trtllm_rope(path, SimpleNamespace(rope_parameters=llama3))
-    config = json.loads(path.read_text())
-    assert config["rotary_base"] == 500000.0
-    assert config["rotary_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    path.write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
-    fix_trtllm_rope(path, SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4}))
-    assert json.loads(path.read_text()) == {"architecture": "LlamaForCausalLM", "rotary_base": 1e4}
+def test_legacy_export_is_a_clear_error() -> None:
+    """trtllm_checkpoint fed only the removed TensorRT-engine backend: refused with the fix."""
+    with pytest.raises(ValidationError, match="TensorRT-engine backend.*use export: hf"):
+        QuantizeConfig.model_validate({"export": "trtllm_checkpoint"})

@@ -11,7 +11,6 @@ import contextlib
 import copy
 import fnmatch
 import io
-import json
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -153,36 +152,6 @@ def export_hf(model: Any, out: Path) -> None:
     with quiet():
         export_hf_checkpoint(model, export_dir=out)
     rewrite_config(Path(out) / "config.json")
-
-
-def export_trtllm(model: Any, out: Path) -> None:
-    """The legacy TensorRT-LLM checkpoint (config.json + rank0.safetensors) for trtllm-build."""
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint
-    from modelopt.torch.export.model_utils import get_model_type
-
-    decoder_type = get_model_type(model)
-    if decoder_type is None:
-        raise UserError(f"ModelOpt cannot export {type(model).__name__} as a TensorRT-LLM checkpoint",
-                        field="quantize.export", fix="use export: hf")
-    with quiet():
-        export_tensorrt_llm_checkpoint(model, decoder_type, export_dir=out, inference_tensor_parallel=1)
-    fix_trtllm_rope(out / "config.json", model.config)
-
-
-def fix_trtllm_rope(config_path: Path, hf_config: Any) -> None:
-    """transformers 5 keeps rope_theta / rope scaling in `rope_parameters`; ModelOpt 0.47's legacy
-    export still reads the top-level `rope_theta` / `rope_scaling`, finds neither and writes no
-    `rotary_base`, so trtllm-build would fall back to 10000 (wrong for e.g. Llama 3's 500000)."""
-    params = getattr(hf_config, "rope_parameters", None)
-    if not isinstance(params, dict) or "rope_theta" not in params:
-        return
-    config = json.loads(config_path.read_text())
-    config["rotary_base"] = float(params["rope_theta"])
-    rope_type = params.get("rope_type", "default")
-    if rope_type != "default" and not config.get("rotary_scaling"):
-        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type")}
-        config["rotary_scaling"] = {"type": rope_type, **scaling}
-    config_path.write_text(json.dumps(config, indent=4))
 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:

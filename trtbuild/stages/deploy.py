@@ -1,12 +1,11 @@
 """deploy stage: Triton Inference Server model repositories for the engine bundle.
 
 Targets:
-- `trtllm`: a repository for TensorRT-LLM's Triton backend. engine.backend pytorch: the LLM-API
-  python model (`<model_name>/1/model.yaml` = the bundle's LLM() arguments + `triton_config`);
-  engine.backend tensorrt: the inflight-batcher ensemble (preprocessing, tensorrt_llm,
-  postprocessing, ensemble, optionally tensorrt_llm_bls) with every parameter filled. Paths are
-  written as the server sees them, with the bundle mounted at `deploy.trtllm.bundle_mount`; the
-  launchers (`launch/`) start the Triton TRT-LLM container on one GPU or under mpirun.
+- `trtllm`: a repository for TensorRT-LLM's Triton backend: the LLM-API python model
+  (`<model_name>/1/model.yaml` = the bundle's LLM() arguments + `triton_config`), checked against
+  the contract of the bundle's release. Paths are written as the server sees them, with the bundle
+  mounted at `deploy.trtllm.bundle_mount`; the launchers (`launch/`) start the Triton TRT-LLM
+  container, with the bundle's GEMM-plugin module on PYTHONPATH when it has one.
 - `local`: a python-backend model serving the project's own runtime (speculative decoding on when
   the bundle has a draft), so a deployment can be rehearsed, tested and measured on CPU with the
   tritonserver bundled in nvidia-pytriton (`trtbuild serve`).
@@ -26,7 +25,6 @@ from pydantic import Field, field_validator
 from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 
 Target = Literal["trtllm", "local"]
-RESERVED_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
 
 
 class TokenizerOptions(StageConfig):
@@ -48,15 +46,6 @@ class TrtllmTargetOptions(StageConfig):
                               "the bundle there; on a bare host, give the bundle's absolute path).")
     all_models_dir: str = Field(default="/app/all_models", description="TensorRT-LLM's Triton models in the "
                                 "image; the launcher copies their model.py files into the repository.")
-    bls: bool = Field(default=False, description="backend tensorrt: also write tensorrt_llm_bls (the BLS "
-                      "alternative to the ensemble).")
-    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = Field(
-        default="guaranteed_no_evict", description="backend tensorrt: the executor's capacity scheduler.")
-    enable_chunked_context: bool = Field(default=False, description="backend tensorrt: chunked prefill "
-                                         "(needs an engine built with paged context FMHA).")
-    exclude_input_in_output: bool = Field(default=True, description="Return only the generated text.")
-    logits_datatype: Literal["TYPE_FP32", "TYPE_FP16", "TYPE_BF16"] = Field(
-        default="TYPE_FP32", description="backend tensorrt: data type of the logits outputs.")
     cancellation_check_period_ms: int = Field(default=100, ge=1, description="How often cancelled "
                                               "requests are looked for.")
 
@@ -114,8 +103,6 @@ class DeployConfig(StageConfig):
     def _model_name(cls, value: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
             raise ValueError(f"'{value}' is not a usable model name (letters, digits, _ . -)")
-        if value in RESERVED_NAMES:
-            raise ValueError(f"'{value}' is taken by a TensorRT-LLM repository model")
         return value
 
 
@@ -128,7 +115,7 @@ class DeployStage(Stage):
     libraries = ("tritonclient", "protobuf")
     # The modules whose output is the artifact (clients, bench and server do not change it).
     code_modules = ("trtbuild.triton.deploy", "trtbuild.triton.pbtxt", "trtbuild.triton.bundle_info",
-                    "trtbuild.triton.ifb_schema", "trtbuild.triton.repo_trtllm", "trtbuild.triton.repo_local",
+                    "trtbuild.triton.repo_trtllm", "trtbuild.triton.repo_local",
                     "trtbuild.triton.local_model", "trtbuild.triton.launch")
 
     def preflight(self, config: StageConfig, recipe: Any) -> list[str]:

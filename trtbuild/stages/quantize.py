@@ -4,7 +4,8 @@ Steps: load the model stage's HF dir; perplexity of the unquantized model on the
 `mtq.quantize` (FP8 E4M3 per-tensor weights and activations, optional FP8 KV cache) calibrated on
 the calibration split; perplexity of the fake-quantized model, computed the same way; the gate
 (ratio over `max_perplexity_ratio` fails the build before anything is exported); the export
-(unified HF checkpoint, or the legacy TensorRT-LLM checkpoint); and an independent check that the
+(ModelOpt's unified HF checkpoint, what TensorRT-LLM's PyTorch backend loads); and an independent
+check that the
 project's runtime, loading the exported FP8 safetensors, reproduces ModelOpt's fake-quant logits.
 """
 
@@ -73,13 +74,21 @@ class QuantizeConfig(StageConfig):
                                "`p` matches a name equal to p or ending in `.p`.")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig,
                                            description="Calibration data and batching.")
-    export: Literal["hf", "trtllm_checkpoint"] = Field(
-        default="hf", description="hf: ModelOpt's unified Hugging Face checkpoint (TensorRT-LLM PyTorch "
-        "backend); trtllm_checkpoint: the legacy checkpoint for trtllm-build.")
+    export: Literal["hf"] = Field(
+        default="hf", description="hf: ModelOpt's unified Hugging Face checkpoint, which TensorRT-LLM's PyTorch "
+        "backend loads (the legacy trtllm_checkpoint export fed only the removed TensorRT-engine backend).")
     gate: GateConfig = Field(default_factory=GateConfig, description="The accuracy gate.")
     check_export: bool = Field(default=True,
                                description="Load the export with trtbuild.runtime and compare its logits "
-                               "with ModelOpt's fake-quantized model (hf export only).")
+                               "with ModelOpt's fake-quantized model.")
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _removed_export(cls, value: Any) -> Any:
+        if value == "trtllm_checkpoint":
+            raise ValueError("trtllm_checkpoint fed only TensorRT-LLM's TensorRT-engine backend, which upstream "
+                             "removed and trtbuild no longer builds; use export: hf")
+        return value
 
     @field_validator("exclude")
     @classmethod
@@ -119,7 +128,7 @@ class QuantizeStage(Stage):
 
 def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
                  base_dir: Path | None = None) -> StageResult:
-    """The whole stage on an HF model dir; writes `out_dir/hf` (or `trtllm_ckpt`). Raises on the gate."""
+    """The whole stage on an HF model dir; writes `out_dir/hf`. Raises on the gate."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -183,12 +192,9 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         reference_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
     summary = modelopt_fp8.quantizer_summary(model)
 
-    export_dir = out_dir / ("hf" if config.export == "hf" else "trtllm_ckpt")
+    export_dir = out_dir / "hf"
     export_dir.mkdir(parents=True)
-    if config.export == "hf":
-        modelopt_fp8.export_hf(model, export_dir)
-    else:
-        modelopt_fp8.export_trtllm(model, export_dir)
+    modelopt_fp8.export_hf(model, export_dir)
     tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, export_dir)
     dtype = model.dtype
     del model
@@ -204,9 +210,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         "device": device,
     })
     metrics["weight_bytes_ratio"] = metrics["weight_bytes_quantized"] / metrics["weight_bytes_base"]
-    if config.export != "hf":
-        metrics["export_check"] = "not run: the runtime reads the hf export, trtllm-build this one"
-    elif config.check_export:
+    if config.check_export:
         metrics.update(check_export(export_dir, check_ids, reference_logits, base_logits, device=device,
                                     dtype=dtype))
 

@@ -1,9 +1,10 @@
 """What the deploy stage reads from the engine bundle: bundle.json and llm_api_options.yaml.
 
 The engine stage (trtbuild/trtllm/bundle.py) describes its bundle in bundle.json: which
-directory TensorRT-LLM serves (`model`: target/ or engine/), the tokenizer, the draft, the
-parallel sizes and the server environment. The LLM() arguments (batch size, draft length, KV
-cache) are read through the engine's own typed model, so both stages agree on every key.
+directory TensorRT-LLM serves (`model`: target/), the tokenizer, the draft, the parallel sizes,
+the server environment, the release it was written for and the GEMM-plugin module's directory.
+The LLM() arguments (batch size, draft length, KV cache) are read through the engine's own typed
+model, so both stages agree on every key.
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ BUNDLE_FORMAT_PREFIX = "trtbuild-engine-bundle/"
 @dataclass(frozen=True)
 class BundleInfo:
     root: Path
-    backend: str  # "pytorch" | "tensorrt"
-    served: str  # directory TRT-LLM loads, relative to root ("target" or "engine")
+    backend: str  # "pytorch" (the only backend TensorRT-LLM keeps)
+    served: str  # directory TRT-LLM loads, relative to root ("target")
     tokenizer: str  # relative to root
     draft: str | None  # relative to root, None without speculative decoding
     options: Any  # trtbuild.trtllm.llm_args.LlmApiOptions
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     env: dict[str, str] = field(default_factory=dict)
-    engine_dir: str | None = None  # backend tensorrt: where trtllm-build writes the engine
     trtllm_version: str = "1.1.0"  # the release the bundle was written for (trtbuild/contract)
     python_path: str | None = None  # bundle dir the server's PYTHONPATH needs (the GEMM-plugin module)
 
@@ -49,17 +49,13 @@ class BundleInfo:
 
     @property
     def hf_checkpoint(self) -> str | None:
-        """A Hugging Face directory the project's runtime can load (target/ for pytorch, hf/ if any)."""
-        for rel in ("target", "hf"):
-            cfg = self.root / rel / "config.json"
-            if cfg.is_file():
-                try:
-                    data = json.loads(cfg.read_text())
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(data, dict) and data.get("architectures"):
-                    return rel
-        return None
+        """The served Hugging Face directory when the project's runtime can load it (a config.json with
+        architectures), else None."""
+        try:
+            data = json.loads((self.root / self.served / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return self.served if isinstance(data, dict) and data.get("architectures") else None
 
     def mapped(self, rel: str, mount: str) -> str:
         """A bundle-relative path as the server sees it with the bundle at `mount`."""
@@ -78,16 +74,19 @@ def read_bundle(root: Path) -> BundleInfo:
     if not str(info.get("format", "")).startswith(BUNDLE_FORMAT_PREFIX):
         raise BuildError(f"unknown bundle format {info.get('format')!r}", file=str(described),
                          fix="rebuild the engine stage with this version of trtbuild")
+    if info.get("backend", "pytorch") != "pytorch":
+        raise BuildError(f"the bundle was built for backend {info.get('backend')!r}, which trtbuild no longer "
+                         "serves", file=str(described), fix="rebuild the engine stage (trtbuild engine RECIPE "
+                         "--force engine)")
     options = read_options(root / info.get("llm_api_options", "llm_api_options.yaml"))
     parallel = info.get("parallel") or {}
-    legacy = info.get("legacy") or {}
     served = info.get("model") or "target"
     return BundleInfo(
         root=root, backend=info.get("backend", "pytorch"), served=served,
         tokenizer=info.get("tokenizer") or served, draft=info.get("draft"), options=options,
         tensor_parallel=int(parallel.get("tensor", options.tensor_parallel_size)),
         pipeline_parallel=int(parallel.get("pipeline", options.pipeline_parallel_size)),
-        env=dict(info.get("env") or {}), engine_dir=legacy.get("engine_dir"),
+        env=dict(info.get("env") or {}),
         trtllm_version=str(info.get("trtllm_version") or "1.1.0"),
         python_path=(((info.get("gemm_plugin") or {}).get("loaded_by") or {}).get("triton_llmapi") or {})
         .get("python_path"))

@@ -2,15 +2,11 @@
 
 launch/triton_trtllm.sh     (host) runs the Triton TRT-LLM container image named in the recipe on
                             the trtllm repository: GPUs, the bundle mounted read-only at
-                            deploy.trtllm.bundle_mount, host ports -> the container's 8000/8001/8002
-                            (TensorRT-LLM's BLS model calls the gRPC endpoint at localhost:8001).
+                            deploy.trtllm.bundle_mount, host ports -> the container's 8000/8001/8002.
 launch/start_in_container.sh (inside the image) copies the repository somewhere writable, adds
-                            TensorRT-LLM's own model.py files from the image, and starts tritonserver:
-                            one process, or for backend tensorrt with world size N > 1 N ranks under
-                            `mpirun -n 1 ... : -n 1 ...` (rank 0 serves; the others load only
-                            tensorrt_llm), as TensorRT-LLM's scripts/launch_triton_server.py does.
-                            The LLM-API model (backend pytorch) starts its N ranks itself, so one
-                            tritonserver serves all GPUs.
+                            TensorRT-LLM's own model.py files from the image, puts the bundle's
+                            GEMM-plugin module on PYTHONPATH (when it has one) and starts one
+                            tritonserver: the LLM-API model starts its N ranks itself.
 launch/serve_local.sh       (this machine) the local repository on the tritonserver bundled in
                             nvidia-pytriton, bound to 127.0.0.1.
 """
@@ -21,6 +17,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from trtbuild.contract import load_contract
+from trtbuild.contract import validate as cv
 from trtbuild.triton.bundle_info import BundleInfo
 
 CONTAINER_REPO_SRC = "/opt/trtbuild/repo_src"
@@ -35,48 +33,15 @@ def _write(path: Path, text: str) -> None:
     path.chmod(0o755)
 
 
-def tritonserver_argv(rank: int, world: int, trtllm_model: str, exit_timeout_s: int) -> list[str]:
-    argv = ["tritonserver", f"--model-repository={CONTAINER_REPO}", "--disable-auto-complete-config",
-            f"--exit-timeout-secs={exit_timeout_s}",
-            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
-    if rank == 0:
-        argv += [f"--http-port={CONTAINER_PORTS[0]}", f"--grpc-port={CONTAINER_PORTS[1]}",
-                 f"--metrics-port={CONTAINER_PORTS[2]}"]
-    else:
-        argv += ["--model-control-mode=explicit", f"--load-model={trtllm_model}",
-                 "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
-    return argv
-
-
-def server_command(bundle: BundleInfo, trtllm_model: str, exit_timeout_s: int) -> list[str]:
-    world = bundle.world_size if bundle.backend == "tensorrt" else 1
-    if world == 1:
-        return tritonserver_argv(0, 1, trtllm_model, exit_timeout_s)
-    argv = ["mpirun", "--allow-run-as-root"]
-    for rank in range(world):
-        if rank:
-            argv.append(":")
-        argv += ["-n", "1", *tritonserver_argv(rank, world, trtllm_model, exit_timeout_s)]
-    return argv
+def tritonserver_argv(exit_timeout_s: int) -> list[str]:
+    return ["tritonserver", f"--model-repository={CONTAINER_REPO}", "--disable-auto-complete-config",
+            f"--exit-timeout-secs={exit_timeout_s}", f"--http-port={CONTAINER_PORTS[0]}",
+            f"--grpc-port={CONTAINER_PORTS[1]}", f"--metrics-port={CONTAINER_PORTS[2]}"]
 
 
 def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[str, Any]) -> str:
-    all_models = config.trtllm.all_models_dir
-    copies = []
-    if repo_info["kind"] == "llmapi":
-        name = repo_info["entry_model"]
-        copies.append(f'cp "$ALL_MODELS/llmapi/tensorrt_llm/1/"*.py "$REPO/{name}/1/"')
-        trtllm_model = name
-        needed = "$ALL_MODELS/llmapi/tensorrt_llm/1/model.py"
-    else:
-        for name in ("preprocessing", "postprocessing"):
-            copies.append(f'cp "$ALL_MODELS/inflight_batcher_llm/{name}/1/model.py" "$REPO/{name}/1/"')
-        if "tensorrt_llm_bls" in repo_info["models"]:
-            copies.append('cp -r "$ALL_MODELS/inflight_batcher_llm/tensorrt_llm_bls/1/." '
-                          '"$REPO/tensorrt_llm_bls/1/"')
-        trtllm_model = "tensorrt_llm"
-        needed = "$ALL_MODELS/inflight_batcher_llm/preprocessing/1/model.py"
-    command = server_command(bundle, trtllm_model, config.exit_timeout_s)
+    name = repo_info["entry_model"]
+    needed = "$ALL_MODELS/llmapi/tensorrt_llm/1/model.py"
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(bundle.env.items()))
     if bundle.python_path:  # the bundle's GEMM-plugin module: its sitecustomize patches TensorRT-LLM's
         # FP8 linears in the python-backend stub and every rank it starts
@@ -86,7 +51,7 @@ def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[s
         "#!/usr/bin/env bash\n"
         "# Written by trtbuild. Runs inside the Triton TRT-LLM image (see triton_trtllm.sh).\n"
         "set -euo pipefail\n"
-        f'ALL_MODELS="${{TRTBUILD_ALL_MODELS:-{all_models}}}"\n'
+        f'ALL_MODELS="${{TRTBUILD_ALL_MODELS:-{config.trtllm.all_models_dir}}}"\n'
         f"REPO={CONTAINER_REPO}\n"
         f'if [ ! -f "{needed}" ]; then\n'
         f'  echo "error: {needed} not found; set deploy.trtllm.all_models_dir to where this image keeps '
@@ -94,9 +59,9 @@ def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[s
         "  exit 2\n"
         "fi\n"
         f'rm -rf "$REPO" && cp -r {CONTAINER_REPO_SRC} "$REPO"\n'
-        + "".join(line + "\n" for line in copies)
+        f'cp "$ALL_MODELS/llmapi/tensorrt_llm/1/"*.py "$REPO/{name}/1/"\n'
         + exports
-        + "exec " + " ".join(shlex.quote(a) for a in command) + ' "$@"\n'
+        + "exec " + " ".join(shlex.quote(a) for a in tritonserver_argv(config.exit_timeout_s)) + ' "$@"\n'
     )
 
 
@@ -146,6 +111,12 @@ def write_launchers(out: Path, config: Any, bundle: BundleInfo, trtllm_info: dic
     written = {}
     if trtllm_info is not None:
         start = start_in_container_script(config, bundle, trtllm_info)
+        if bundle.python_path:  # the LLM-API model has no import hook of its own (contract: custom_modules)
+            contract = load_contract(bundle.trtllm_version)
+            cv.raise_first(cv.check_module_environment(
+                start, bundle.mapped(bundle.python_path, config.trtllm.bundle_mount), contract,
+                "launch/start_in_container.sh", triton=True),
+                fix=f"see docs/gpu-path.md (engine.trtllm_version: {contract.version})")
         _write(out / "launch" / "start_in_container.sh", start)
         _write(out / "launch" / "triton_trtllm.sh", docker_script(config, bundle))
         written["trtllm"] = "launch/triton_trtllm.sh"

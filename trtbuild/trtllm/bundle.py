@@ -109,33 +109,26 @@ def _write_text(path: Path, text: str, stats: LinkStats, executable: bool = Fals
 
 @dataclass(frozen=True)
 class Inputs:
-    model_hf: Path  # the model stage's HF directory (tokenizer fallback, converter input)
-    target: Path  # what TRT-LLM reads: quantize export or model hf
-    target_kind: str  # "hf" | "trtllm_checkpoint"
+    model_hf: Path  # the model stage's HF directory (tokenizer fallback)
+    target: Path  # what TRT-LLM reads: the quantize export or the model's hf/
     quantized: bool
     draft: Path | None
 
 
 def resolve_inputs(config: EngineConfig, ctx: StageContext) -> Inputs:
     model_hf = ctx.input("model").path / "hf"
-    target, kind, quantized = model_hf, "hf", False
+    target, quantized = model_hf, False
     if "quantize" in ctx.inputs:
         q = ctx.inputs["quantize"].path
-        if (q / "hf").is_dir():
-            target, kind, quantized = q / "hf", "hf", True
-        elif (q / "trtllm_ckpt").is_dir():
-            target, kind, quantized = q / "trtllm_ckpt", "trtllm_checkpoint", True
-        else:
-            raise BuildError(f"the quantize artifact {q} has neither hf/ nor trtllm_ckpt/", field="quantize")
-    if kind != "hf":
-        raise UserError("the engine (TensorRT-LLM's PyTorch backend) needs a Hugging Face checkpoint but "
-                        "the quantize stage exported trtllm_checkpoint", field="quantize.export",
-                        fix="set quantize.export: hf")
+        if not (q / "hf").is_dir():
+            raise BuildError(f"the quantize artifact {q} has no hf/ export", field="quantize",
+                             fix="rebuild the quantize stage (trtbuild quantize RECIPE --force quantize)")
+        target, quantized = q / "hf", True
     draft = None
     if "draft" in ctx.inputs and has_draft(ctx.recipe):
         candidate = ctx.inputs["draft"].path / "eagle3"
         draft = candidate if candidate.is_dir() else None
-    return Inputs(model_hf, target, kind, quantized, draft)
+    return Inputs(model_hf, target, quantized, draft)
 
 
 # --- options --------------------------------------------------------------------------------------
@@ -410,7 +403,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
                      "gpus_per_node": config.launcher.gpus_per_node},
         "gpu_archs": archs,
         "quantized": inputs.quantized,
-        "target_format": inputs.target_kind,
+        "target_format": "hf",
         "target_files": target_files,
         "gemm_plugin": gemm,
         "tensorrt_llm": trt,

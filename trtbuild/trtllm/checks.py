@@ -169,11 +169,6 @@ def _lengths(config: EngineConfig, recipe: Any, facts: ModelFacts | None) -> lis
 def _checkpoint_format(config: EngineConfig, recipe: Any, facts: ModelFacts | None) -> list[str]:
     out: list[str] = []
     quantize = getattr(recipe, "quantize", None)
-    export = getattr(quantize, "export", None) if quantize is not None else None
-    if export == "trtllm_checkpoint":
-        out.append(_line("quantize.export", "trtllm_checkpoint cannot feed the engine: TensorRT-LLM's "
-                         "PyTorch backend loads Hugging Face checkpoints (the TensorRT-engine backend that "
-                         "read it is removed)", "set quantize.export: hf"))
     _, kv_algo = checkpoint_quant(recipe)
     if config.kv_cache.dtype == "fp8" and kv_algo != "FP8":
         have = f"quantize.kv_cache: {getattr(quantize, 'kv_cache', None)}" if quantize is not None \
