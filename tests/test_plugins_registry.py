@@ -33,7 +33,7 @@ def test_unknown_plugin_is_a_user_error() -> None:
     with pytest.raises(UserError) as err:
         plugins.get("gemm_magic")
     assert "gemm_weight_shuffle" in err.value.one_line()
-    assert err.value.field == "engine.plugins"
+    assert err.value.field == "engine.gemm_plugin"
 
 
 def test_registry_does_not_import_torch_or_triton() -> None:

@@ -192,7 +192,7 @@ def get(name: str) -> Plugin:
     """The plugin called `name`; UserError naming the choices when there is none."""
     module = _REGISTRY.get(name)
     if module is None:
-        raise UserError(f"unknown plugin '{name}'", field="engine.plugins",
+        raise UserError(f"unknown plugin '{name}'", field="engine.gemm_plugin",
                         fix=f"use one of: {', '.join(available())}")
     plugin = _import_kernels(module).PLUGINS[name]
     if not isinstance(plugin, Plugin):  # a registry entry pointing at the wrong object is our bug

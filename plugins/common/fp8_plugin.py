@@ -68,7 +68,7 @@ class Fp8ShuffledGemmPlugin(Plugin):
         name = canonical_arch(arch)
         if name not in self.supported_archs:
             raise UserError(f"plugin {self.name} supports {', '.join(self.supported_archs)}, not {arch}",
-                            field="engine.plugins", fix="drop the plugin or build for a supported GPU")
+                            field="engine.gemm_plugin", fix="name another kernel for that arch or build for a supported GPU")
         return name
 
     def tile_for(self, arch: str) -> tuple[int, int]:
