@@ -86,6 +86,7 @@ def test_gpu_recipes_are_accepted_by_every_release(recipe_path: str, version: st
     flag = contract.custom_module_flag
     passed = [argv[i + 1] for i, a in enumerate(argv) if a == "--custom_module_dirs"]
     assert passed == (["./trtllm_module/trtbuild_gemm"] if flag else [])
+    assert _launchers_name_the_module(recipe, version) == []
     assert cv.check_model_yaml(model_yaml, contract) == []
     rows = [{"name": n, "data_type": t} for n, t, _, _ in contract.triton_inputs]
     assert cv.check_triton_io(rows, contract) == []
@@ -96,6 +97,30 @@ def test_gpu_recipes_are_accepted_by_every_release(recipe_path: str, version: st
     assert argv[argv.index(contract.serve_options_flag) + 1] == "llm_api_options.yaml"
     mount = recipe.deploy.trtllm.bundle_mount
     assert model_yaml["speculative_config"][contract.draft_model_key] == f"{mount}/draft"
+
+
+def _launchers_name_the_module(recipe, version: str) -> list:  # type: ignore[no-untyped-def]
+    """The launch scripts and the Triton start script a GPU recipe's bundle / deployment would hold,
+    checked for the GEMM-plugin module's PYTHONPATH (what bundle_violations reads from the files)."""
+    from trtbuild.triton.bundle_info import BundleInfo
+    from trtbuild.triton.launch import start_in_container_script
+    from trtbuild.trtllm import launchers
+    from trtbuild.trtllm.conformance import serve_spec
+
+    contract = load_contract(version)
+    spec = serve_spec(recipe.engine, recipe, contract, served="target")
+    cluster = launchers.ClusterSpec(nodes=2, gpus_per_node=spec.world_size)
+    found = []
+    for name, text in (("launch/serve.sh", launchers.single_node_script(spec)),
+                       ("launch/mpirun.sh", launchers.mpirun_script(spec, cluster)),
+                       ("launch/slurm.sbatch", launchers.slurm_script(spec, cluster))):
+        found += cv.check_module_environment(text, "trtllm_module", contract, name)
+    bundle = BundleInfo(root=ROOT, backend="pytorch", served="target", tokenizer="target", draft="draft",
+                        options=None, env=dict(recipe.engine.env), trtllm_version=version,
+                        python_path=spec.python_path)
+    start = start_in_container_script(recipe.deploy, bundle, {"entry_model": recipe.deploy.model_name})
+    mounted = f"{recipe.deploy.trtllm.bundle_mount}/trtllm_module"
+    return found + cv.check_module_environment(start, mounted, contract, "start_in_container.sh", triton=True)
 
 
 def test_what_one_release_writes_the_other_rejects_where_they_differ() -> None:

@@ -144,9 +144,10 @@ def _engine_step(recipe: Any, params: int) -> list[str]:
         spec = (f", speculative_config {kind} max_draft_len {engine.draft_len or draft.max_draft_len} "
                 f"(one model: {engine.eagle3_one_model})")
     per_gpu = params / world  # FP8: one byte per parameter
+    module = ", trtllm_module/ (the GEMM plugins, on the server's PYTHONPATH)" if engine.gemm_plugin else ""
     return [f"     engine: TensorRT-LLM {engine.trtllm_version} {engine.backend} bundle: llm_api_options.yaml "
             f"(tp {engine.tensor_parallel}, pp {engine.pipeline_parallel}, ep {engine.expert_parallel}, "
-            f"max_batch_size {engine.max_batch_size}{spec}), launch/serve.sh, mpirun.sh, slurm.sbatch; "
+            f"max_batch_size {engine.max_batch_size}{spec}), launch/serve.sh, mpirun.sh, slurm.sbatch{module}; "
             f"~{_gb(per_gpu)} of FP8 weights per GPU; with tensorrt_llm importable and a GPU visible, "
             "a load check through LLM()"]
 
