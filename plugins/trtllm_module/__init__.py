@@ -6,7 +6,7 @@ and its MPI workers; it imports torch, triton and tensorrt_llm only, never trtbu
 
     install(config)   patch now if TensorRT-LLM's linear module is imported, else when it is
 
-What the patch does, per the release's recorded convention (trtbuild/trtllm/plugin_module_facts.yaml):
+What the patch does, per the release's recorded convention (trtbuild/contract/*.yaml, fp8_linear):
 - after TensorRT-LLM loaded a linear's weights (the `post_load_weights` hook its model loader calls
   on every module), each selected FP8 linear gets its weight shuffled once into the plugin layout,
   next to the standard-layout weight TensorRT-LLM keeps for its own GEMM;

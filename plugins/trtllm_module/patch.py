@@ -6,7 +6,7 @@
     linears      ["attention", "dense"]          which FP8 linears use it
     max_tokens   16                              the plugin path's largest token count
     o_proj_in_features / down_proj_in_features   per-rank in_features telling o_proj from down_proj
-    releases     {key: convention}               from plugin_module_facts.yaml (see select_release)
+    releases     {version: convention}           every contract's fp8_linear (see select_release)
     cpu_arch     (tests only) the arch whose tiles CPU tensors get
 """
 

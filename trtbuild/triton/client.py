@@ -3,9 +3,9 @@
 Every call returns the text, the token ids and the arrival time of each piece, so the load test
 can measure time to first token and inter-token latency from what a user would see.
 
-Request field names differ by model: trtbuild's local model and TRT-LLM's inflight-batcher ensemble
-take `max_tokens` / `stream`; TRT-LLM's LLM-API model takes `sampling_param_max_tokens` / `streaming`
-and ignores the others (contract: triton_llmapi.request). `fields` maps trtbuild's names to the
+Request field names differ by model: trtbuild's local model takes `max_tokens` / `stream`;
+TRT-LLM's LLM-API model takes `sampling_param_max_tokens` / `streaming` and ignores the others
+(contract: triton_llmapi.request). `fields` maps trtbuild's names to the
 model's; the deploy stage records the mapping of the repository it wrote (deploy.json).
 """
 

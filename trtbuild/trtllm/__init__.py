@@ -7,6 +7,7 @@ Modules:
     facts       the target's architecture facts (heads, experts, context) read from config.json
     checks      cross-stage preflight checks of an engine section against the rest of the recipe
     bundle      assembling the engine bundle directory (hard links, the GEMM-plugin module)
-    plugin_module  the out-of-tree module TensorRT-LLM's server imports (plugin_module_facts.yaml)
+    plugin_module  the out-of-tree module TensorRT-LLM's server imports (conventions: trtbuild/contract)
+    conformance the bundle and the recipe's rendered bundle against the release's contract
     boundary    the only place that imports `tensorrt_llm`, lazily: the load check
 """
