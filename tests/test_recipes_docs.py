@@ -14,7 +14,9 @@ TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text()
 def test_troubleshooting_covers_every_engine_check():
     source = (ROOT / "trtbuild" / "trtllm" / "checks.py").read_text()
     fields = set(re.findall(r'_line\("([A-Za-z0-9_.]+)"', source))
-    assert len(fields) >= 15
+    # The regex finds the checks (quantize.export left with the trtllm_checkpoint export).
+    assert {"engine.tensor_parallel", "engine.gemm_plugin", "engine.kv_cache.dtype", "gpu_archs"} <= fields
+    assert len(fields) >= 14
     missing = sorted(f for f in fields if f"`{f}`" not in TROUBLESHOOTING)
     assert not missing, f"add these to docs/troubleshooting.md: {missing}"
 
