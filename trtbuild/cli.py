@@ -316,7 +316,12 @@ def cache_gc(days: float, dry_run: bool) -> None:
 @_set_option
 @click.option("--cache", "with_cache", is_flag=True, help="Also drop this recipe's cache entries.")
 def clean(recipe: str, overrides: tuple[str, ...], with_cache: bool) -> None:
-    """Remove the recipe's output directory (and with --cache its cached artifacts)."""
+    """Remove what builds of the recipe wrote to its output directory (and with --cache its cached artifacts).
+
+    Only a directory marked by a trtbuild build is touched, and in it only the stage links, build.json
+    and bench/ that builds write; files of your own there stay."""
+    from trtbuild.safepaths import clean_output_dir
+
     loaded = _load(recipe, overrides)
     out = loaded.output_path
     removed = 0
@@ -326,9 +331,9 @@ def clean(recipe: str, overrides: tuple[str, ...], with_cache: bool) -> None:
             if entry.manifest().get("recipe", {}).get("name") == loaded.name:
                 store.remove(entry)
                 removed += 1
-    if out.exists():
-        shutil.rmtree(out)
-    click.echo(f"removed {out}" + (f" and {removed} cache entries" if with_cache else ""))
+    cleaned = clean_output_dir(out)
+    what = f"removed {', '.join(cleaned)} from {out}" if cleaned else f"nothing built in {out}"
+    click.echo(what + (f"; {removed} cache entries" if with_cache else ""))
 
 
 def main(argv: list[str] | None = None) -> None:

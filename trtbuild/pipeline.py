@@ -23,6 +23,7 @@ from typing import Any
 from trtbuild.cache import ArtifactCache, Entry
 from trtbuild.errors import TrtbuildError, UserError
 from trtbuild.progress import Progress
+from trtbuild.safepaths import ensure_inside, mark_output_dir
 from trtbuild.stages import STAGE_ORDER, all_stages
 from trtbuild.stages.base import Artifact, Stage, StageConfig, StageContext
 
@@ -198,7 +199,7 @@ def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str |
             progress.log(f"[bold]run[/] {item.name} ({item.reason})")
             item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
         artifacts[item.name] = Artifact(item.name, item.key, item.artifact)
-        _link_output(recipe.output_path, item.name, item.artifact)
+        _link_output(recipe.output_path, item.name, item.artifact, cache.root)
     _write_build_report(recipe, steps)
     return steps
 
@@ -243,9 +244,10 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
             raise
 
 
-def _link_output(output_dir: Path, name: str, target: Path) -> None:
+def _link_output(output_dir: Path, name: str, target: Path, cache_root: Path) -> None:
     """output_dir/<stage> -> the cache entry; replaced atomically so readers never see it missing."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    ensure_inside(target, [cache_root], "link to")
+    mark_output_dir(output_dir)
     link = output_dir / name
     if link.exists() and not link.is_symlink():
         raise UserError(f"{link} exists and is not a link made by trtbuild", field="output_dir",

@@ -42,6 +42,13 @@ class RecipeBase(BaseModel):
         description="GPU architectures the deployment targets (kernels are compiled for each).",
     )
 
+    @field_validator("name")
+    @classmethod
+    def _usable_name(cls, value: str) -> str:
+        from trtbuild.safepaths import check_name
+
+        return check_name(value)
+
     @field_validator("gpu_archs")
     @classmethod
     def _known_archs(cls, archs: list[str]) -> list[str]:
@@ -106,7 +113,22 @@ def load_recipe(path: str | os.PathLike[str], overrides: list[str] | None = None
         raise _to_user_error(exc, positions, model, display) from None
     recipe._recipe_file = recipe_path.resolve()
     recipe._positions = positions
+    _check_output_dir(recipe, display)
     return recipe
+
+
+def _check_output_dir(recipe: RecipeBase, display: str) -> None:
+    """The output directory is trtbuild's to fill and to clean: never a folder that holds other things."""
+    from trtbuild.cache import default_root
+    from trtbuild.safepaths import output_dir_problem
+
+    problem = output_dir_problem(recipe.output_path, recipe.recipe_file, default_root())
+    if problem is None:
+        return
+    key = ("output_dir",) if recipe.output_dir else ("name",)
+    pos = recipe.position_of(key) or Position(display, None)
+    raise UserError(f"the output directory {recipe.output_path} {problem}", file=pos.file, line=pos.line,
+                    field="output_dir", fix="give output_dir a directory of its own, e.g. ../build/<name>")
 
 
 def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tuple[dict, dict]:
