@@ -352,12 +352,12 @@ def _train_with_helpers(model: Any, cfg: TinyModelConfig, ids: torch.Tensor, scr
     the caller's __main__), all joined through a file store in `scratch`."""
     import datetime
 
-    import torch
     import torch.distributed as dist
+    from safetensors.torch import save_file
 
     comm = scratch / ".train"
     comm.mkdir()
-    torch.save(ids, comm / "ids.pt")
+    save_file({"ids": ids.contiguous()}, str(comm / "ids.safetensors"))  # tensors only, never a pickle
     (comm / "config.json").write_text(cfg.model_dump_json())
     package_root = str(Path(__file__).resolve().parent.parent)
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
@@ -400,12 +400,12 @@ def _helper_main() -> None:
     """Entry point of training ranks 1..: same init, its share of each batch, then exit."""
     import datetime
 
-    import torch
     import torch.distributed as dist
+    from safetensors.torch import load_file
 
     comm, rank = Path(sys.argv[1]), int(sys.argv[2])
     cfg = TinyModelConfig.model_validate_json((comm / "config.json").read_text())
-    ids = torch.load(comm / "ids.pt")
+    ids = load_file(str(comm / "ids.safetensors"))["ids"]
     with _deterministic_torch():
         model = _new_model(cfg)
         store = dist.FileStore(str(comm / "store"), cfg.processes)
