@@ -266,17 +266,27 @@ def cache() -> None:
 @cache.command("ls")
 @click.option("--json", "as_json", is_flag=True)
 def cache_ls(as_json: bool) -> None:
-    """List cached artifacts."""
+    """List cached artifacts, interrupted draft trainings (resume) and entries with a broken manifest."""
     from trtbuild.cache import dir_size
 
     store = _cache()
-    rows = []
+    rows, broken = [], []
     for entry in store.entries():
-        manifest = entry.manifest()
-        rows.append({"stage": entry.stage, "key": entry.key, "recipe": manifest.get("recipe", {}).get("name"),
+        manifest = entry.manifest_or_none()
+        if manifest is None:
+            broken.append(str(entry.path))
+            continue
+        recipe = manifest.get("recipe")
+        rows.append({"stage": entry.stage, "key": entry.key,
+                     "recipe": recipe.get("name") if isinstance(recipe, dict) else None,
                      "created": manifest.get("created"), "bytes": dir_size(entry.path), "path": str(entry.path)})
+    for path in store.resume_dirs():
+        rows.append({"stage": "resume", "key": path.name, "recipe": None,
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(store.resume_last_used(path))),
+                     "bytes": dir_size(path), "path": str(path)})
     if as_json:
-        _print_json({"root": str(store.root), "entries": rows, "incomplete": [str(p) for p in store.incomplete()]})
+        _print_json({"root": str(store.root), "entries": rows, "broken": broken,
+                     "incomplete": [str(p) for p in store.incomplete()]})
         return
     from rich.console import Console
     from rich.table import Table
@@ -288,27 +298,48 @@ def cache_ls(as_json: bool) -> None:
         table.add_row(row["stage"], row["key"][:12], str(row["recipe"]), str(row["created"]),
                       f"{row['bytes'] / 1e6:.1f}")
     Console().print(table)
+    for path in broken:
+        click.echo(f"broken manifest (skipped; `cache gc` removes it): {path}")
+
+
+def _days(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not (value >= 0 and value != float("inf")):
+        raise click.BadParameter(f"{value} is not a number of days >= 0", ctx=ctx, param=param)
+    return value
 
 
 @cache.command("gc")
-@click.option("--older-than", "days", type=float, default=30.0, show_default=True,
-              help="Remove entries not used for this many days.")
+@click.option("--older-than", "days", type=float, default=30.0, show_default=True, callback=_days,
+              help="Remove entries and interrupted draft trainings not used for this many days (>= 0).")
 @click.option("--dry-run", is_flag=True)
 def cache_gc(days: float, dry_run: bool) -> None:
-    """Remove leftovers of killed builds and entries unused for --older-than days."""
+    """Remove leftovers of killed builds, entries with a broken manifest, and what was unused for
+    --older-than days (cache entries and the resume dirs of interrupted draft trainings)."""
     store = _cache()
     cutoff = time.time() - days * 86400
-    doomed = [e for e in store.entries() if store.last_used(e) < cutoff]
+    verb = "would remove" if dry_run else "removed"
+    doomed, broken = [], []
+    for entry in store.entries():
+        if entry.manifest_or_none() is None:
+            broken.append(entry)
+        elif store.last_used(entry) < cutoff:
+            doomed.append(entry)
+    resumes = [p for p in store.resume_dirs() if store.resume_last_used(p) < cutoff and not store.resume_busy(p)]
     leftovers = store.incomplete()
-    for entry in doomed:
-        click.echo(f"{'would remove' if dry_run else 'removed'} {entry.stage}/{entry.key}")
+    for entry in doomed + broken:
+        click.echo(f"{verb} {entry.stage}/{entry.key}" + (" (broken manifest)" if entry in broken else ""))
         if not dry_run:
             store.remove(entry)
+    for path in resumes:
+        click.echo(f"{verb} resume/{path.name}")
+        if not dry_run:
+            store.remove_resume(path)
     for path in leftovers:
-        click.echo(f"{'would remove' if dry_run else 'removed'} incomplete {path.parent.name}/{path.name}")
+        click.echo(f"{verb} incomplete {path.parent.name}/{path.name}")
         if not dry_run:
             shutil.rmtree(path, ignore_errors=True)
-    click.echo(f"{len(doomed)} entries, {len(leftovers)} incomplete")
+    click.echo(f"{len(doomed)} entries, {len(broken)} broken, {len(resumes)} resume dirs, "
+               f"{len(leftovers)} incomplete")
 
 
 @cli.command()
@@ -328,7 +359,8 @@ def clean(recipe: str, overrides: tuple[str, ...], with_cache: bool) -> None:
     if with_cache:
         store = _cache()
         for entry in store.entries():
-            if entry.manifest().get("recipe", {}).get("name") == loaded.name:
+            recipe_info = (entry.manifest_or_none() or {}).get("recipe")
+            if isinstance(recipe_info, dict) and recipe_info.get("name") == loaded.name:
                 store.remove(entry)
                 removed += 1
     cleaned = clean_output_dir(out)

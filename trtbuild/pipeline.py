@@ -28,6 +28,7 @@ from trtbuild.stages import STAGE_ORDER, all_stages
 from trtbuild.stages.base import Artifact, Stage, StageConfig, StageContext
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+DAMAGED = "cache entry damaged, rebuilt"
 
 
 @dataclass
@@ -92,8 +93,9 @@ def _hash(components: dict[str, Any]) -> str:
 
 
 def plan(recipe: Any, cache: ArtifactCache, *, until: str | None = None,
-         force: tuple[str, ...] = ()) -> list[PlannedStage]:
-    """Decide for every stage: run, cached or skipped, and why. Touches nothing."""
+         force: tuple[str, ...] = (), record_checks: bool = False) -> list[PlannedStage]:
+    """Decide for every stage: run, cached or skipped, and why. Touches nothing unless `record_checks`
+    (build: remember which files of a hit were hash-checked, so the next check skips them)."""
     for name in (*force, *([until] if until else [])):
         if name not in STAGE_ORDER:
             raise UserError(f"unknown stage '{name}'", field="--until/--force",
@@ -135,9 +137,12 @@ def plan(recipe: Any, cache: ArtifactCache, *, until: str | None = None,
         item.key = _hash(item.components)
         upstream_runs = [d for d in inputs if planned[d].action == "run"]
         entry = cache.lookup(name, item.key)
+        damage = cache.damage(entry, record=record_checks) if entry is not None else None
         if name in force or (forced_downstream and upstream_runs):
             item.action, item.reason = "run", ("--force" if name in force else "an input is rebuilt")
             forced_downstream = True
+        elif damage is not None:
+            item.action, item.reason = "run", f"{DAMAGED}: {damage}"
         elif entry is not None:
             item.action, item.reason, item.artifact = "cached", "key found in the cache", entry.path
             manifest = entry.manifest()
@@ -186,7 +191,7 @@ def _diff(old: Any, new: Any, path: str = "") -> list[str]:
 
 def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str | None = None,
           force: tuple[str, ...] = ()) -> list[PlannedStage]:
-    steps = plan(recipe, cache, until=until, force=force)
+    steps = plan(recipe, cache, until=until, force=force, record_checks=True)
     artifacts: dict[str, Artifact] = {}
     for item in steps:
         if item.action == "skip":
@@ -195,6 +200,9 @@ def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str |
         if item.action == "cached":
             assert item.artifact is not None
             progress.log(f"[green]cached[/] {item.name} {item.key[:12]}")
+            entry = cache.lookup(item.name, item.key)
+            if entry is not None:
+                cache.touch(entry)
         else:
             progress.log(f"[bold]run[/] {item.name} ({item.reason})")
             item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
@@ -209,7 +217,8 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
     assert item.stage is not None and item.key is not None and item.config is not None
     with cache.lock(item.name, item.key):
         existing = cache.lookup(item.name, item.key)
-        if existing is not None and item.reason != "--force" and item.reason != "an input is rebuilt":
+        rebuild = item.reason in ("--force", "an input is rebuilt") or item.reason.startswith(DAMAGED)
+        if existing is not None and not rebuild:
             item.action, item.metrics = "cached", existing.manifest().get("metrics", {})
             return existing  # another process built it while we waited
         workdir = cache.new_workdir(item.name, item.key)
@@ -238,10 +247,12 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
             "host": {"python": sys.version.split()[0], "platform": platform.platform()},
         }
         try:
-            return cache.commit(workdir, item.name, item.key, manifest)
+            entry = cache.commit(workdir, item.name, item.key, manifest)
         except BaseException:
             cache.discard(workdir)
             raise
+        cache.touch(entry)
+        return entry
 
 
 def _link_output(output_dir: Path, name: str, target: Path, cache_root: Path) -> None:

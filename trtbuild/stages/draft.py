@@ -195,9 +195,12 @@ class DraftStage(Stage):
         }
         metrics: dict[str, Any] = {"source": config.source, "max_draft_len": config.max_draft_len}
         if config.source == "train":
+            from trtbuild.cache import resume_in_use
             from trtbuild.eagle3.build import train_draft
 
-            trained = train_draft(config, ctx, target_dir, out, resume_dir(config, model_artifact.key))
+            resume = resume_dir(config, model_artifact.key)
+            with resume_in_use(resume):  # `cache gc` leaves the resume dir alone while this trains
+                trained = train_draft(config, ctx, target_dir, out, resume)
             metrics.update(trained["metrics"])
             info.update(trained["info"])
         else:
