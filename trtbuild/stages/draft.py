@@ -232,8 +232,12 @@ class DraftStage(Stage):
             if not directory.is_dir():
                 raise UserError(f"directory not found: {directory}", field="draft.path",
                                 fix="give an existing EAGLE-3 draft directory")
-            return directory
-        return _hub_dir(config)
+        else:
+            directory = _hub_dir(config)
+        from trtbuild.stages.model import refuse_pickles
+
+        refuse_pickles(directory, _where(config))
+        return directory
 
 
 def _where(config: DraftConfig) -> str:

@@ -132,7 +132,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", use_safetensors=True).to(device).eval()
     max_positions = getattr(model.config, "max_position_embeddings", None)
     for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
                            ("quantize.gate.seq_len", config.gate.seq_len)):
