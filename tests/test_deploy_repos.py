@@ -182,8 +182,8 @@ def test_tensorrt_multi_gpu_launcher_runs_world_size_ranks(tmp_path: Path, sourc
     assert command.count("tritonserver ") == 4 and command.count(" : ") == 3
     assert command.count("--load-model=tensorrt_llm") == 3 and command.count("--http-port=8000") == 1
     docker = (deploy / "launch" / "triton_trtllm.sh").read_text()
-    assert "-p 9000:8000" in docker and recipe.deploy.trtllm.image in docker
-    assert '-v "$BUNDLE:/bundle:ro"' in docker
+    assert "-p 127.0.0.1:9000:8000" in docker and "-p 9000" not in docker and recipe.deploy.trtllm.image in docker
+    assert '-v "$BUNDLE":/bundle:ro' in docker
     for script in (deploy / "launch").glob("*.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
 

@@ -2,7 +2,8 @@
 
 Features: `extends:` (a path or a list, relative to the file that names it; later wins, maps merge
 deeply, lists are replaced), `--set a.b=c` overrides (values parsed as YAML), `${env:NAME}` and
-`${env:NAME:-default}` interpolation in strings. Relative paths inside a recipe are resolved
+`${env:NAME:-default}` interpolation in strings (engine.env keeps them as references that the launch
+scripts resolve, so secrets are never written anywhere). Relative paths inside a recipe are resolved
 against the directory of the top-level recipe file (`Recipe.resolve_path`).
 Every error is a one-line `UserError` naming the file, line and field, and the fix.
 """
@@ -22,7 +23,7 @@ from trtbuild.errors import UserError
 from trtbuild.yaml_positions import KeyPath, Position, load_yaml_with_positions
 
 KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
-_ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
 class RecipeBase(BaseModel):
@@ -223,6 +224,15 @@ def _interpolate(value: Any, path: KeyPath, positions: dict) -> Any:
         return [_interpolate(v, (*path, i), positions) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
+    if path[:2] == ("engine", "env") and len(path) == 3:
+        # Kept as references and resolved by the launch scripts' shell: a secret such as HF_TOKEN
+        # never lands in a manifest, bundle.json, a launch script or the cache key.
+        if "${" in ENV_PATTERN.sub("", value):
+            pos = _closest_position(positions, path)
+            raise UserError(f"unsupported interpolation in '{value}'", file=pos.file if pos else None,
+                            line=pos.line if pos else None, field=_dotted(path),
+                            fix="use ${env:NAME} or ${env:NAME:-default}")
+        return value
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -235,7 +245,7 @@ def _interpolate(value: Any, path: KeyPath, positions: dict) -> Any:
                         line=pos.line if pos else None, field=_dotted(path),
                         fix=f"export {name}=... or write ${{env:{name}:-default}}")
 
-    result = _ENV_PATTERN.sub(replace, value)
+    result = ENV_PATTERN.sub(replace, value)
     if "${" in result:
         pos = _closest_position(positions, path)
         raise UserError(f"unsupported interpolation in '{value}'", file=pos.file if pos else None,

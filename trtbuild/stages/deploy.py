@@ -59,6 +59,34 @@ class TrtllmTargetOptions(StageConfig):
         default="TYPE_FP32", description="backend tensorrt: data type of the logits outputs.")
     cancellation_check_period_ms: int = Field(default=100, ge=1, description="How often cancelled "
                                               "requests are looked for.")
+    publish_address: str = Field(default="127.0.0.1", description="Host address the container's ports are "
+                                 "published on (docker -p ADDRESS:PORT:PORT); 0.0.0.0 opens them to the network.")
+
+    @field_validator("image", "bundle_mount", "all_models_dir")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        from trtbuild.shell import has_control
+
+        if not value or has_control(value) or any(c.isspace() for c in value):
+            raise ValueError(f"{value!r} must be non-empty, without whitespace or control characters")
+        return value
+
+    @field_validator("bundle_mount", "all_models_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or ":" in value:
+            raise ValueError(f"{value!r} must be an absolute path in the container, without ':'")
+        return value
+
+    @field_validator("publish_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, or 0.0.0.0 for all)") from None
 
 
 class LocalTargetOptions(StageConfig):

@@ -37,11 +37,15 @@ class KvCacheSettings(StageConfig):
     tokens_per_block: int = Field(default=32, ge=1, description="Tokens per paged KV block.")
 
 
+_SLURM_WORD = r"[A-Za-z0-9][A-Za-z0-9._,+-]*"
+
+
 class SlurmSettings(StageConfig):
-    partition: str | None = Field(default=None, description="#SBATCH -p.")
-    account: str | None = Field(default=None, description="#SBATCH -A.")
-    time_limit: str = Field(default="01:00:00", description="#SBATCH -t (HH:MM:SS).")
-    job_name: str = Field(default="trtllm-serve", description="#SBATCH -J.")
+    partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
+    account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
+    time_limit: str = Field(default="01:00:00", pattern=r"(\d+-)?\d+(:\d{1,2}){0,2}", description="#SBATCH -t "
+                            "([D-]HH:MM:SS).")
+    job_name: str = Field(default="trtllm-serve", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
 
 
 class LauncherSettings(StageConfig):
@@ -56,6 +60,34 @@ class LauncherSettings(StageConfig):
                                         "--container-image (pyxis): nvcr.io/nvidia/tensorrt-llm/release.")
     container_mounts: list[str] = Field(default_factory=list, description="Extra SRC:DST mounts for the "
                                         "container (the bundle itself is always mounted).")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9.:_\[\]-]{1,253}", value):
+            raise ValueError(f"{value!r} is not a host name or address")
+        return value
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        from trtbuild.shell import has_control
+
+        if value is not None and (not value or has_control(value) or any(c.isspace() for c in value)):
+            raise ValueError(f"{value!r} must be an image reference without whitespace or control characters")
+        return value
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, mounts: list[str]) -> list[str]:
+        from trtbuild.shell import has_control
+
+        for mount in mounts:
+            if has_control(mount) or "," in mount or mount.count(":") not in (1, 2) or mount.startswith(":"):
+                raise ValueError(f"{mount!r} is not a SRC:DST[:FLAGS] mount (no ',' or control characters)")
+        return mounts
 
 
 class LegacySettings(StageConfig):
@@ -96,7 +128,8 @@ class EngineConfig(StageConfig):
     require_tensorrt_llm: bool = Field(default=False, description="Fail when tensorrt_llm is not importable "
                                        "instead of writing the bundle without the build / load check.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the server process, "
-                                "e.g. {TRTLLM_ENABLE_PDL: '1'}.")
+                                "e.g. {TRTLLM_ENABLE_PDL: '1'}. `${env:NAME}` values stay references, resolved "
+                                "by the launch scripts at launch: secrets such as HF_TOKEN are never written.")
     llm_api_options: dict[str, Any] = Field(default_factory=dict, description="Further LLM() arguments "
                                             "merged into llm_api_options.yaml (checked against the typed "
                                             "model: unknown keys are errors).")
@@ -115,9 +148,14 @@ class EngineConfig(StageConfig):
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         import re
 
+        from trtbuild.shell import has_control
+
         bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
         if bad:
             raise ValueError(f"'{bad[0]}' is not an environment variable name")
+        bad = [k for k, v in env.items() if has_control(v)]
+        if bad:
+            raise ValueError(f"the value of {bad[0]} holds a control character (a newline?)")
         return env
 
     @field_validator("llm_api_options")
