@@ -29,7 +29,7 @@ ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 class RecipeBase(BaseModel):
     """Top-level fields; the stage sections are added by `recipe_model()`."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
     name: str = Field(description="Name of the recipe; used in the manifest and the default output dir.")
     description: str = Field(default="", description="Free text shown by `trtbuild plan`.")
@@ -132,6 +132,18 @@ def _check_output_dir(recipe: RecipeBase, display: str) -> None:
                     field="output_dir", fix="give output_dir a directory of its own, e.g. ../build/<name>")
 
 
+def _refuse_empty_sections(data: dict, inherited: dict, positions: dict, display: str) -> None:
+    """`model:` with nothing under it reads as null, which silently drops the stage. Null is only
+    meaningful as `quantize: null` in a recipe that extends one with that section (drop it)."""
+    from trtbuild.stages import STAGE_ORDER, extra_sections
+
+    for name in (*STAGE_ORDER, *extra_sections()):
+        if name in data and data[name] is None and not isinstance(inherited.get(name), dict):
+            pos = positions.get((name,)) or Position(display, None)
+            raise UserError("the section is empty (null)", file=pos.file, line=pos.line, field=name,
+                            fix=f"write `{name}: {{}}` for the defaults, or remove the line")
+
+
 def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tuple[dict, dict]:
     resolved = path.resolve()
     if resolved in chain:
@@ -147,6 +159,7 @@ def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tup
                         line=1, fix="write `key: value` lines at the top level")
     parents = data.pop("extends", None)
     if parents is None:
+        _refuse_empty_sections(data, {}, positions, display)
         return data, positions
     if isinstance(parents, str):
         parents = [parents]
@@ -162,9 +175,14 @@ def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tup
             raise UserError(f"extended recipe '{parent}' not found (looked in {parent_path.parent})",
                             file=display, line=line, field="extends",
                             fix="give a path relative to this file")
+        if parent_path.resolve() in (*chain, resolved):
+            cycle = " -> ".join(p.name for p in (*chain, resolved, parent_path.resolve()))
+            raise UserError(f"`extends` cycle: {cycle}", file=display, line=line, field="extends",
+                            fix="remove one of the extends links")
         parent_display = os.path.relpath(parent_path) if not Path(parent).is_absolute() else parent
         pdata, ppos = _load_with_extends(parent_path, parent_display, (*chain, resolved))
         _deep_merge(merged, merged_pos, pdata, ppos, ())
+    _refuse_empty_sections(data, merged, positions, display)
     _deep_merge(merged, merged_pos, data, {k: v for k, v in positions.items() if k[:1] != ("extends",)}, ())
     return merged, merged_pos
 
@@ -198,8 +216,10 @@ def _apply_override(data: dict, positions: dict, override: str) -> None:
                         fix="use names joined by dots, e.g. draft.max_draft_len=4")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise UserError(f"the value is not valid YAML: {problem}", file=where, field=dotted,
+                        fix=f"quote it for YAML and the shell, e.g. --set '{dotted}=\"...\"'") from None
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -285,7 +305,7 @@ def _to_user_error(exc: ValidationError, positions: dict, model: type[BaseModel]
     if kind == "missing":
         return UserError("required field is missing", file=pos.file, line=pos.line, field=field,
                          fix=f"add `{loc[-1]}:` to the section")
-    message = err["msg"]
+    message = err["msg"].removeprefix("Value error, ")
     if given is not None and not isinstance(given, dict | list):
         message += f" (got {given!r})"
     fix = _fix_for(kind, err)
@@ -299,6 +319,10 @@ def _fix_for(kind: str, err: dict) -> str:
         return f"give a value of the right type ({kind.replace('_parsing', '').replace('_type', '')})"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return "give a value within the allowed range"
+    if kind == "finite_number":
+        return "give a finite number (not .inf or .nan)"
+    if kind.startswith("string_") or kind.startswith("too_") or kind == "list_type":
+        return "give a value of the allowed form"
     if kind == "value_error":
         return "see the message"
     return "see `trtbuild validate --help` and docs/recipe-reference.md"

@@ -34,7 +34,7 @@ class KvCacheSettings(StageConfig):
     dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field(
         default="auto", description="KV cache dtype; auto follows the checkpoint (FP8 when the quantize "
         "stage calibrated FP8 KV scales).")
-    tokens_per_block: int = Field(default=32, ge=1, description="Tokens per paged KV block.")
+    tokens_per_block: int = Field(default=32, ge=1, le=1 << 16, description="Tokens per paged KV block.")
 
 
 _SLURM_WORD = r"[A-Za-z0-9][A-Za-z0-9._,+-]*"
@@ -49,8 +49,8 @@ class SlurmSettings(StageConfig):
 
 
 class LauncherSettings(StageConfig):
-    nodes: int = Field(default=1, ge=1, description="Nodes the deployment spans; > 1 uses mpirun or Slurm.")
-    gpus_per_node: int = Field(default=8, ge=1, description="GPUs per node (one MPI rank each).")
+    nodes: int = Field(default=1, ge=1, le=4096, description="Nodes the deployment spans; > 1 uses mpirun or Slurm.")
+    gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node (one MPI rank each).")
     host: str = Field(default="localhost", description="Address trtllm-serve binds (TRTBUILD_HOST "
                       "overrides at launch).")
     port: int = Field(default=8000, ge=1, le=65535, description="Port of trtllm-serve (TRTBUILD_PORT "
@@ -101,14 +101,14 @@ class EngineConfig(StageConfig):
     backend: Literal["pytorch", "tensorrt"] = Field(
         default="pytorch", description="pytorch: TRT-LLM's LLM-API path, loads the HF checkpoint directly; "
         "tensorrt: the legacy trtllm-build engine (for releases that still ship it).")
-    max_batch_size: int = Field(default=8, ge=1, description="Most requests in flight (max_batch_size).")
-    max_seq_len: int | None = Field(default=None, ge=1, description="Prompt + output tokens per request; "
+    max_batch_size: int = Field(default=8, ge=1, le=1 << 16, description="Most requests in flight (max_batch_size).")
+    max_seq_len: int | None = Field(default=None, ge=1, le=1 << 24, description="Prompt + output tokens per request; "
                                     "default: the model's max_position_embeddings.")
-    max_num_tokens: int = Field(default=8192, ge=1, description="Most tokens in one forward pass "
+    max_num_tokens: int = Field(default=8192, ge=1, le=1 << 24, description="Most tokens in one forward pass "
                                 "(max_num_tokens); with speculation each request needs 1 + draft_len.")
-    tensor_parallel: int = Field(default=1, ge=1, description="Tensor parallel size (tensor_parallel_size).")
-    pipeline_parallel: int = Field(default=1, ge=1, description="Pipeline parallel size.")
-    expert_parallel: int = Field(default=1, ge=1, description="Expert parallel size of MoE layers "
+    tensor_parallel: int = Field(default=1, ge=1, le=1024, description="Tensor parallel size (tensor_parallel_size).")
+    pipeline_parallel: int = Field(default=1, ge=1, le=1024, description="Pipeline parallel size.")
+    expert_parallel: int = Field(default=1, ge=1, le=1024, description="Expert parallel size of MoE layers "
                                  "(moe_expert_parallel_size); must divide tensor_parallel.")
     enable_attention_dp: bool = Field(default=False, description="Data-parallel attention across the "
                                       "tensor-parallel ranks (MoE throughput setups).")
@@ -119,7 +119,7 @@ class EngineConfig(StageConfig):
         "those batch sizes; false: off (cuda_graph_config: null).")
     cuda_graph_padding: bool = Field(default=False, description="Pad batches up to a captured size.")
     kv_cache: KvCacheSettings = Field(default_factory=KvCacheSettings, description="KV cache options.")
-    draft_len: int | None = Field(default=None, ge=1, description="Draft tokens per step at serve time "
+    draft_len: int | None = Field(default=None, ge=1, le=16, description="Draft tokens per step at serve time "
                                   "(speculative_config.max_draft_len); default: draft.max_draft_len.")
     eagle3_one_model: bool = Field(default=True, description="Run the EAGLE-3 draft inside the target's "
                                    "executor (faster) rather than as a second model.")
