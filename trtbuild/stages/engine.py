@@ -37,13 +37,13 @@ class KvCacheSettings(StageConfig):
     tokens_per_block: int = Field(default=32, ge=1, le=1 << 16, description="Tokens per paged KV block.")
 
 
-_SLURM_WORD = r"[A-Za-z0-9][A-Za-z0-9._,+-]*"
+_SLURM_WORD = r"^[A-Za-z0-9][A-Za-z0-9._,+-]*$"  # anchored: pydantic patterns search
 
 
 class SlurmSettings(StageConfig):
     partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
     account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
-    time_limit: str = Field(default="01:00:00", pattern=r"(\d+-)?\d+(:\d{1,2}){0,2}", description="#SBATCH -t "
+    time_limit: str = Field(default="01:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$", description="#SBATCH -t "
                             "([D-]HH:MM:SS).")
     job_name: str = Field(default="trtllm-serve", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
 
