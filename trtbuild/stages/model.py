@@ -184,7 +184,7 @@ def _fingerprint(directory: Path) -> list[list[Any]]:
 
 # Files that hold Python pickles (loading one can run any code): a model directory holding one is
 # refused outright, so no loader's fallback can ever reach it.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz", ".msgpack")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 
 
 def pickle_files(directory: Path) -> list[Path]:
