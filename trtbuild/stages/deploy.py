@@ -98,6 +98,8 @@ class LocalTargetOptions(StageConfig):
                                     "say (max_tokens).")
     max_tokens_limit: int = Field(default=1024, ge=1, le=1 << 20, description="Requests asking for more are refused "
                                   "(HTTP 400).")
+    max_prompt_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="Prompts longer than this "
+                                  "(UTF-8 bytes) are refused (HTTP 400) before they are decoded or tokenized.")
     num_threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads of the model process "
                                     "(default: torch's own choice).")
 
