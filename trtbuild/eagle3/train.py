@@ -96,13 +96,17 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
             tensors[f"optim.{index}.{name}"] = value.detach().contiguous().cpu()
     tensor_file, meta_file = resume_dir / STATE_TENSORS, resume_dir / STATE_META
     tmp = tensor_file.with_name(f".{tensor_file.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, tensor_file)
-    meta = {"step": step, "accuracy": accuracy, "loss": loss, "param_groups": optim["param_groups"],
-            "sha256": _sha256(tensor_file)}
-    tmp = meta_file.with_name(f".{meta_file.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, meta_file)
+    meta_tmp = meta_file.with_name(f".{meta_file.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp))
+        os.replace(tmp, tensor_file)
+        meta = {"step": step, "accuracy": accuracy, "loss": loss, "param_groups": optim["param_groups"],
+                "sha256": _sha256(tensor_file)}
+        meta_tmp.write_text(json.dumps(meta))
+        os.replace(meta_tmp, meta_file)
+    finally:  # a full disk leaves no partial file (the last complete checkpoint, if any, stays usable)
+        tmp.unlink(missing_ok=True)
+        meta_tmp.unlink(missing_ok=True)
 
 
 def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer
