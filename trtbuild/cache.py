@@ -279,7 +279,12 @@ def hash_tree(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+    return total
 
 
 def _write_json_durably(path: Path, data: Any) -> None:

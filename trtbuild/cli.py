@@ -374,6 +374,11 @@ def main(argv: list[str] | None = None) -> None:
     except TrtbuildError as exc:
         click.echo(f"error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # outside a stage (output dir, cache upkeep): still one line
+        from trtbuild.errors import os_error
+
+        click.echo(f"error: {os_error(exc).one_line()}", err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
         sys.exit(130)

@@ -20,8 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trtbuild.cache import ArtifactCache, Entry
-from trtbuild.errors import TrtbuildError, UserError
+from trtbuild.cache import ArtifactCache, Entry, dir_size
+from trtbuild.errors import TrtbuildError, UserError, os_error
 from trtbuild.progress import Progress
 from trtbuild.safepaths import ensure_inside, mark_output_dir
 from trtbuild.stages import STAGE_ORDER, all_stages
@@ -229,6 +229,10 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
             # Libraries (ModelOpt, transformers) print to stdout; keep stdout for --json alone.
             with contextlib.redirect_stdout(sys.stderr):
                 result = item.stage.run(item.config, ctx)
+        except OSError as exc:  # disk full, permissions: one line, and nothing half-written kept
+            error = os_error(exc, written=dir_size(workdir), where=str(workdir))  # free space before the discard
+            cache.discard(workdir)
+            raise error from exc
         except BaseException:
             cache.discard(workdir)  # a failed stage leaves nothing behind
             raise
@@ -248,6 +252,10 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
         }
         try:
             entry = cache.commit(workdir, item.name, item.key, manifest)
+        except OSError as exc:
+            error = os_error(exc, written=dir_size(workdir), where=str(workdir))
+            cache.discard(workdir)
+            raise error from exc
         except BaseException:
             cache.discard(workdir)
             raise
@@ -266,8 +274,13 @@ def _link_output(output_dir: Path, name: str, target: Path, cache_root: Path) ->
     tmp = output_dir / f".{name}.link-{os.getpid()}"
     if tmp.is_symlink():
         tmp.unlink()
-    tmp.symlink_to(target, target_is_directory=True)
-    os.replace(tmp, link)
+    try:
+        tmp.symlink_to(target, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError as exc:
+        if tmp.is_symlink():
+            tmp.unlink()
+        raise os_error(exc) from exc
 
 
 def report(recipe: Any, steps: list[PlannedStage], executed: bool) -> dict[str, Any]:
@@ -278,8 +291,12 @@ def report(recipe: Any, steps: list[PlannedStage], executed: bool) -> dict[str, 
 def _write_build_report(recipe: Any, steps: list[PlannedStage]) -> None:
     out = recipe.output_path / "build.json"
     tmp = out.with_name(f".build.json.{os.getpid()}")
-    tmp.write_text(json.dumps(report(recipe, steps, executed=True), indent=2, default=str))
-    os.replace(tmp, out)
+    try:
+        tmp.write_text(json.dumps(report(recipe, steps, executed=True), indent=2, default=str))
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise os_error(exc) from exc
 
 
 __all__ = ["PlannedStage", "TrtbuildError", "build", "code_version", "plan", "report"]
