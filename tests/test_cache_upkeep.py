@@ -105,7 +105,7 @@ def test_unchanged_files_are_not_hashed_again(store, monkeypatch):
     entry = _entry(store, "quantize", "k1", {"w": b"a" * 100})
     store.damage(entry, record=True)
     calls = []
-    monkeypatch.setattr(cache_module, "_sha256", lambda path: calls.append(path) or "")
+    monkeypatch.setattr(cache_module, "sha256_file", lambda path: calls.append(path) or "")
     assert store.damage(entry) is None and calls == []
 
 

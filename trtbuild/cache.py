@@ -99,7 +99,7 @@ class ArtifactCache:
             if path.is_symlink() or st.st_size != want.get("size"):
                 return f"{rel}: {st.st_size} bytes, the manifest says {want.get('size')}"
             stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-            if seen.get(rel) != stamp and _sha256(path) != want.get("sha256"):
+            if seen.get(rel) != stamp and sha256_file(path) != want.get("sha256"):
                 return f"{rel}: content differs from its sha256 in the manifest"
             checked[rel] = stamp
         if record and checked != seen:
@@ -240,7 +240,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -274,7 +274,7 @@ def hash_tree(directory: Path) -> dict[str, dict[str, Any]]:
             files[rel] = {"symlink": os.readlink(path)}
             continue
         if path.is_file() and not any(part.is_symlink() for part in path.parents if directory in part.parents):
-            files[rel] = {"sha256": _sha256(path), "size": path.stat().st_size}
+            files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return files
 
 

@@ -89,12 +89,3 @@ def env_exports(env: dict[str, str]) -> str:
             lines.append(f': "${{{name}:?set {name} in the environment (engine.env.{key} reads it)}}"\n')
         lines.append(f"export {key}={env_word(value)}\n")
     return "".join(lines)
-
-
-def resolve_env(template: str, environ: dict[str, str]) -> str:
-    """The value at launch time, for the processes trtbuild itself starts (load checks)."""
-    def replace(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        return environ.get(name, default if default is not None else "")
-
-    return ENV_PATTERN.sub(replace, template)
