@@ -11,7 +11,6 @@ file planted there must not run code on the next build.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trtbuild.cache import sha256_file
 from trtbuild.eagle3.model import draft_parameters
 from trtbuild.progress import Progress
 
@@ -101,7 +101,7 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
         save_file(tensors, str(tmp))
         os.replace(tmp, tensor_file)
         meta = {"step": step, "accuracy": accuracy, "loss": loss, "param_groups": optim["param_groups"],
-                "sha256": _sha256(tensor_file)}
+                "sha256": sha256_file(tensor_file)}
         meta_tmp.write_text(json.dumps(meta))
         os.replace(meta_tmp, meta_file)
     finally:  # a full disk leaves no partial file (the last complete checkpoint, if any, stays usable)
@@ -120,7 +120,7 @@ def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimi
         return None
     try:
         meta = json.loads(meta_file.read_text())
-        if meta.get("sha256") != _sha256(tensor_file):
+        if meta.get("sha256") != sha256_file(tensor_file):
             return None
         tensors = load_file(str(tensor_file))
     except (OSError, ValueError):
@@ -133,14 +133,6 @@ def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimi
             slots.setdefault(int(index), {})[name] = value
     optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
     return int(meta["step"]), [float(a) for a in meta["accuracy"]], meta["loss"]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Path,
