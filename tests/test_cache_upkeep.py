@@ -165,3 +165,12 @@ def test_resume_dirs_are_listed_and_collected(store, capsys):
     assert not stale.exists() and busy.exists()  # the one a build trains into stays
     with open(busy / ".in-use", "a") as handle:  # the lock is free again
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_fresh_entry_is_not_hashed_again_on_first_use(store, monkeypatch):
+    from trtbuild import cache as cache_module
+
+    entry = _entry(store, "quantize", "k1", {"w": b"a" * 100})  # commit hashed it already
+    calls = []
+    monkeypatch.setattr(cache_module, "sha256_file", lambda path: calls.append(path) or "")
+    assert store.damage(entry) is None and calls == []

@@ -129,6 +129,8 @@ class ArtifactCache:
         manifest = dict(manifest)
         manifest["files"] = hash_tree(workdir)
         _write_json_durably(workdir / MANIFEST, manifest)
+        # Just hashed: the first reuse need not hash them again (a rename keeps size, mtime, inode).
+        _write_json_durably(workdir / VERIFIED, _stamps(workdir, manifest["files"]))
         _fsync_dir(workdir)
         final = self.entry_path(stage, key)
         if final.exists():  # --force over an existing entry: move it aside, then drop it
@@ -219,6 +221,15 @@ class ArtifactCache:
         trash = entry.path.with_name(f"{_TMP_PREFIX}gc-{entry.key}-{secrets.token_hex(4)}")
         os.rename(entry.path, trash)  # vanish atomically first, then delete at leisure
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _stamps(directory: Path, files: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
+    stamps = {}
+    for rel, info in files.items():
+        if "sha256" in info:
+            st = (directory / rel).lstat()
+            stamps[rel] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return stamps
 
 
 @contextlib.contextmanager
