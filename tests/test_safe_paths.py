@@ -113,3 +113,19 @@ def test_ensure_inside_resolves_dotdot(tmp_path):
     assert ensure_inside(root / "a", [root], "write") == root / "a"
     with pytest.raises(UserError):
         ensure_inside(root / ".." / "b", [root], "write")
+
+
+def test_bench_output_cannot_be_redirected_by_a_symlink(tmp_path):
+    from types import SimpleNamespace
+
+    from trtbuild.cli import _bench_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "bench").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="outside"):
+        _bench_dir(SimpleNamespace(output_path=out))
+    (out / "bench").unlink()
+    assert _bench_dir(SimpleNamespace(output_path=out)) == out / "bench"

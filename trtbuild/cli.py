@@ -187,8 +187,7 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
     if "deploy" not in artifacts:
         raise UserError("the recipe has no deploy stage", file=recipe, field="deploy",
                         fix="add a `deploy:` section")
-    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo,
-             out_dir=loaded.output_path / "bench")
+    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo, out_dir=_bench_dir(loaded))
 
 
 @cli.command()
@@ -207,7 +206,7 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
         loaded, artifacts = _built(recipe, overrides, "deploy", not as_json)
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
         report = bench_deployment(artifacts["deploy"], server_url, concurrency=levels,
-                                  out_dir=loaded.output_path / "bench")
+                                  out_dir=_bench_dir(loaded))
     else:
         from trtbuild.progress import Progress
         from trtbuild.runtime.bench import BenchConfig, run_bench
@@ -218,7 +217,7 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
                             field="draft", fix="add a `draft:` section (source: train, path or hub)")
         target = artifacts["quantize"] / "hf" if "quantize" in artifacts else artifacts["model"] / "hf"
         config = loaded.bench or BenchConfig(max_draft_len=loaded.draft.max_draft_len)
-        out = loaded.output_path / "bench" / "bench.json"
+        out = _bench_dir(loaded) / "bench.json"
         report = run_bench(target, artifacts["draft"] / "eagle3", None, config, out_path=out,
                            progress=Progress.for_terminal(enabled=not as_json))
     if as_json:
@@ -241,6 +240,14 @@ def _print_bench(report: dict[str, Any]) -> None:
     click.echo(f"speculative:  {spec['tokens_per_s_per_user']:8.1f} tokens/s/user  "
                f"(acceptance length {spec['acceptance_length']:.2f})")
     click.echo(f"speedup:      {report['speedup']:.2f}x   outputs identical: {report['outputs_identical']}")
+
+
+def _bench_dir(loaded: Any) -> Any:
+    """<output_dir>/bench, proven to stay inside the output dir (a planted symlink is refused)."""
+    from trtbuild.safepaths import ensure_inside, mark_output_dir
+
+    mark_output_dir(loaded.output_path)
+    return ensure_inside(loaded.output_path / "bench", [loaded.output_path], "write into")
 
 
 @cli.command()
