@@ -278,7 +278,9 @@ class TritonServer:
         while time.monotonic() < deadline:
             self.secure_shm()
             if self._proc is not None and self._proc.poll() is not None:
-                raise BuildError(f"tritonserver exited while starting: {self.death_reason()}",
+                code = self._proc.returncode
+                how = f"exited with code {code}" if code >= 0 else f"was {self._how_it_ended()}"
+                raise BuildError(f"tritonserver {how} while starting: {self.failure_summary()}",
                                  fix=f"see the log {self._log_path}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
@@ -301,17 +303,18 @@ class TritonServer:
     def death_reason(self) -> str:
         """Why the process ended: the signal or exit code first (a crash logs nothing telling), then
         the most telling log line."""
+        return f"{self._how_it_ended()}; log: {self.failure_summary()}"
+
+    def _how_it_ended(self) -> str:
         code = self._proc.poll() if self._proc is not None else None
         if code is None:
-            how = "it is still running"
-        elif code < 0:
-            try:
-                how = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        else:
-            how = f"exit code {code}"
-        return f"{how}; log: {self.failure_summary()}"
+            return "still running"
+        if code >= 0:
+            return f"exit code {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
 
     def failure_summary(self) -> str:
         """The most telling log line, for one-line messages: why a model failed to load, else the
