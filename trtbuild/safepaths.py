@@ -81,7 +81,8 @@ def clean_output_dir(out: Path) -> list[str]:
                         fix="remove it yourself if it is yours")
     if not (out / OUTPUT_MARKER).is_file():
         raise UserError(f"{out} was not made by a trtbuild build (no {OUTPUT_MARKER} marker); nothing removed",
-                        field="output_dir", fix="check output_dir / name, or remove the directory yourself")
+                        field="output_dir", fix="check output_dir / name; a directory built before markers existed is "
+                        "marked by any build (a cached one too), or remove it yourself")
     removed = []
     for name in OUTPUT_ENTRIES:
         entry = out / name
