@@ -230,3 +230,17 @@ def test_a_tritonserver_that_dies_is_restarted_with_the_reason(deploy: Path) -> 
         assert server.shm_left() == set()
     finally:
         server.kill()
+
+
+def test_regions_of_a_killed_server_are_collected_and_live_ones_kept(served: Served) -> None:
+    from trtbuild.triton.server import remove_stale_shm
+
+    live = served.shm_left()
+    assert live
+    stale = Path("/dev/shm") / "trtbuild_0123456789ab_left-by-a-sigkill"
+    stale.write_bytes(b"\0" * 4096)
+    stale.chmod(0o600)
+    removed = remove_stale_shm()
+    assert stale in removed and not stale.exists()
+    assert all((Path("/dev/shm") / name).exists() for name in live)  # mapped by the running server
+    assert served.healthy()

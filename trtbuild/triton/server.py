@@ -231,6 +231,7 @@ class TritonServer:
 
     def _launch(self, ready_timeout_s: float) -> None:
         dist = find_dist()
+        remove_stale_shm()
         self._workdir = tempfile.TemporaryDirectory(prefix="trtbuild-triton-")
         work = Path(self._workdir.name)
         backend_dir = prepare_backends(dist, work)
@@ -392,6 +393,33 @@ class TritonServer:
 def shm_regions(prefix: str) -> list[Path]:
     shm = Path("/dev/shm")
     return sorted(shm.glob(f"{prefix}*")) if prefix and shm.is_dir() else []
+
+
+def remove_stale_shm() -> list[Path]:
+    """Regions of trtbuild servers that were SIGKILLed (nothing could clean up after them): ours by
+    name and owner, and neither open nor mapped by any process. Removed at each start."""
+    regions = [r for r in shm_regions("trtbuild_") if _owned(r)]
+    if not regions:
+        return []
+    in_use: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            in_use.update(os.readlink(fd) for fd in (proc / "fd").iterdir())
+        with contextlib.suppress(OSError):
+            in_use.update(line.split(maxsplit=5)[-1] for line in (proc / "maps").read_text().splitlines()
+                          if "/dev/shm/" in line)
+    stale = [r for r in regions if str(r) not in in_use]
+    for region in stale:
+        with contextlib.suppress(OSError):
+            region.unlink()
+    return stale
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def remove_shm(prefix: str) -> None:
