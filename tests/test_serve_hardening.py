@@ -91,7 +91,12 @@ def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def served(deploy: Path):
     server = Served(deploy, exit_timeout=10)
     yield server
-    server.kill()
+    os.kill(server.proc.pid, signal.SIGINT)  # as a user stops it: nothing may be left behind
+    try:
+        assert server.proc.wait(timeout=60) == 0, "".join(server.log)
+        assert server.shm_left() == set()
+    finally:
+        server.kill()
 
 
 def test_nested_json_body_is_refused_and_the_server_lives(served: Served) -> None:
