@@ -137,8 +137,8 @@ def test_multi_gpu_llmapi_model_runs_one_tritonserver(tmp_path: Path, sources: d
     assert 'cp "$ALL_MODELS/llmapi/tensorrt_llm/1/"*.py "$REPO/llm/1/"' in start
     assert "PYTHONPATH" not in start  # no GEMM-plugin module in this bundle
     docker = (deploy / "launch" / "triton_trtllm.sh").read_text()
-    assert "-p 9000:8000" in docker and recipe.deploy.trtllm.image in docker
-    assert '-v "$BUNDLE:/bundle:ro"' in docker
+    assert "-p 127.0.0.1:9000:8000" in docker and "-p 9000" not in docker and recipe.deploy.trtllm.image in docker
+    assert '-v "$BUNDLE":/bundle:ro' in docker
     for script in (deploy / "launch").glob("*.sh"):
         subprocess.run(["bash", "-n", str(script)], check=True)
     # 1.1.0's LLM-API model reads no gpu_device_ids: the same deployment is a one-line error there.

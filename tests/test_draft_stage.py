@@ -132,7 +132,9 @@ def test_interrupted_training_resumes(model_artifact: Artifact, tmp_path: Path) 
     config = DraftConfig(**{**SMALL, "eval": {"prompts": 0}})
     with pytest.raises(KeyboardInterrupt):
         _run(config, model_artifact, tmp_path / "first", _StopAfter(3))  # checkpoint at step 2 exists
-    assert (resume_dir(config, model_artifact.key) / "state.pt").is_file()
+    checkpoint = resume_dir(config, model_artifact.key)
+    assert (checkpoint / "state.safetensors").is_file() and (checkpoint / "state.json").is_file()
+    assert (checkpoint / "pool.safetensors").is_file()
     resumed = _run(config, model_artifact, tmp_path / "second")
     assert resumed.info["resumed_from_step"] == 2
     straight = _run(config, model_artifact, tmp_path / "third")  # resume dir is gone: from scratch
@@ -141,6 +143,45 @@ def test_interrupted_training_resumes(model_artifact: Artifact, tmp_path: Path) 
     b = load_file(str(tmp_path / "third" / "eagle3" / "model.safetensors"))
     assert a.keys() == b.keys()
     assert all(bool((a[k] == b[k]).all()) for k in a), "resumed training differs from an uninterrupted one"
+
+
+class _Payload:
+    """Unpickling this creates a file: the planted-pickle attack of issue 13 (finding 2)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (Path.write_text, (self.marker, "pwned"))
+
+
+def test_planted_pickles_in_the_resume_dir_are_inert(model_artifact: Artifact, tmp_path: Path) -> None:
+    import pickle
+
+    config = DraftConfig(**{**SMALL, "steps": 2, "eval": {"prompts": 0}})
+    planted = resume_dir(config, model_artifact.key)
+    planted.mkdir(parents=True)
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Payload(marker))
+    for name in ("state.pt", "pool.pt", "state.safetensors", "pool.safetensors"):
+        (planted / name).write_bytes(payload)
+    (planted / "state.json").write_text(json.dumps({"step": 1, "sha256": "0" * 64, "accuracy": [],
+                                                    "loss": None, "param_groups": []}))
+    result = _run(config, model_artifact, tmp_path / "out")
+    assert not marker.exists()
+    assert result.info["resumed_from_step"] == 0  # the bogus checkpoint was ignored, training started over
+
+
+def test_no_unpickling_in_the_sources() -> None:
+    """torch.load, pickle and friends unpickle; trtbuild reads tensors with safetensors only."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"torch\.load\(|\bpickle\.|import pickle|weights_only=False|joblib\.load|dill\.load")
+    offenders = [f"{path.relative_to(root)}:{n}" for folder in ("trtbuild", "plugins", "scripts", "bench")
+                 for path in (root / folder).rglob("*.py")
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
 
 
 def test_load_by_path(trained, model_artifact: Artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

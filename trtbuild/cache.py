@@ -4,6 +4,11 @@ Layout: `<root>/<stage>/<key>/` holds a finished artifact and its `manifest.json
 in `<root>/<stage>/.tmp-<key>-<pid>-<nonce>/` and is renamed into place only after the manifest is
 written, so a killed build never leaves an entry that looks complete: a directory named by a bare
 key exists only if its rename happened, and the rename is the last step.
+
+Upkeep: a hit is verified against the manifest's file hashes before reuse (files whose size and
+mtime are unchanged since their last check are not hashed again), and a damaged entry is rebuilt;
+every use touches `.last_used` for `cache gc`; an entry whose manifest is unreadable is reported and
+skipped, never crashed on. Interrupted draft trainings keep their checkpoints in `<root>/resume/`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from typing import Any
 
 MANIFEST = "manifest.json"
 _TMP_PREFIX = ".tmp-"
+LAST_USED = ".last_used"
+VERIFIED = ".verified"  # {file: [size, mtime_ns, inode]} as of the last hash check
+RESUME = "resume"
+_IN_USE = ".in-use"
 
 
 def default_root() -> Path:
@@ -41,6 +50,14 @@ class Entry:
     def manifest(self) -> dict[str, Any]:
         return json.loads((self.path / MANIFEST).read_text())
 
+    def manifest_or_none(self) -> dict[str, Any] | None:
+        """The manifest, or None when it is unreadable (truncated, not JSON, not an object)."""
+        try:
+            data = self.manifest()
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
 
 class ArtifactCache:
     def __init__(self, root: Path | None = None) -> None:
@@ -50,9 +67,44 @@ class ArtifactCache:
         return self.root / stage / key
 
     def lookup(self, stage: str, key: str) -> Entry | None:
+        """The finished entry, or None (also when its manifest is unreadable: it is rebuilt)."""
         path = self.entry_path(stage, key)
         if (path / MANIFEST).is_file():
-            return Entry(stage, key, path)
+            entry = Entry(stage, key, path)
+            return entry if entry.manifest_or_none() is not None else None
+        return None
+
+    def damage(self, entry: Entry, *, record: bool = False) -> str | None:
+        """What differs from the manifest's file list (first problem), or None when the entry is intact.
+        Files unchanged (size, mtime, inode) since their last check are not hashed again; `record`
+        saves this check's result so the next one is cheap (plan passes False: it touches nothing)."""
+        manifest = entry.manifest_or_none()
+        if manifest is None:
+            return "manifest.json is unreadable"
+        expected = manifest.get("files")
+        if not isinstance(expected, dict):
+            return "manifest.json lists no files"
+        seen = _read_json(entry.path / VERIFIED) or {}
+        checked: dict[str, list[int]] = {}
+        for rel, want in expected.items():
+            path = entry.path / rel
+            if "symlink" in want:
+                if not path.is_symlink() or os.readlink(path) != want["symlink"]:
+                    return f"{rel}: the link is gone or points elsewhere"
+                continue
+            try:
+                st = path.lstat()
+            except OSError:
+                return f"{rel}: missing"
+            if path.is_symlink() or st.st_size != want.get("size"):
+                return f"{rel}: {st.st_size} bytes, the manifest says {want.get('size')}"
+            stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+            if seen.get(rel) != stamp and sha256_file(path) != want.get("sha256"):
+                return f"{rel}: content differs from its sha256 in the manifest"
+            checked[rel] = stamp
+        if record and checked != seen:
+            with contextlib.suppress(OSError):
+                _write_json_durably(entry.path / VERIFIED, checked)
         return None
 
     @contextlib.contextmanager
@@ -77,6 +129,8 @@ class ArtifactCache:
         manifest = dict(manifest)
         manifest["files"] = hash_tree(workdir)
         _write_json_durably(workdir / MANIFEST, manifest)
+        # Just hashed: the first reuse need not hash them again (a rename keeps size, mtime, inode).
+        _write_json_durably(workdir / VERIFIED, _stamps(workdir, manifest["files"]))
         _fsync_dir(workdir)
         final = self.entry_path(stage, key)
         if final.exists():  # --force over an existing entry: move it aside, then drop it
@@ -91,10 +145,12 @@ class ArtifactCache:
         shutil.rmtree(workdir, ignore_errors=True)
 
     def entries(self) -> list[Entry]:
+        """Every finished entry, those with an unreadable manifest included (see manifest_or_none)."""
         found = []
         if not self.root.is_dir():
             return found
-        for stage_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for stage_dir in sorted(p for p in self.root.iterdir()
+                                if p.is_dir() and not p.name.startswith(".") and p.name != RESUME):
             for path in sorted(stage_dir.iterdir()):
                 if path.is_dir() and not path.name.startswith(".") and (path / MANIFEST).is_file():
                     found.append(Entry(stage_dir.name, path.name, path))
@@ -115,20 +171,92 @@ class ArtifactCache:
         return leftovers
 
     def touch(self, entry: Entry) -> None:
-        """Record use, for `cache gc --older-than`."""
-        (entry.path / ".last_used").write_text(str(time.time()))
+        """Record use, for `cache gc --older-than` (best effort: a read-only cache still builds)."""
+        with contextlib.suppress(OSError):
+            (entry.path / LAST_USED).write_text(str(time.time()))
 
     def last_used(self, entry: Entry) -> float:
-        marker = entry.path / ".last_used"
+        """When the entry was last used; never later than now (a clock set back must not make an
+        entry look younger than it is to gc, nor an age negative)."""
+        marker = entry.path / LAST_USED
         try:
-            return float(marker.read_text())
+            used = float(marker.read_text())
         except (OSError, ValueError):
-            return (entry.path / MANIFEST).stat().st_mtime
+            try:
+                used = (entry.path / MANIFEST).stat().st_mtime
+            except OSError:
+                used = entry.path.stat().st_mtime
+        return min(used, time.time()) if used == used else 0.0  # NaN counts as never used
+
+    # -- resume dirs of interrupted draft trainings --------------------------------------------
+    def resume_dirs(self) -> list[Path]:
+        base = self.root / RESUME
+        return sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+    def resume_last_used(self, path: Path) -> float:
+        times = [p.stat().st_mtime for p in (path, *path.iterdir()) if not p.is_symlink()]
+        return min(max(times), time.time())
+
+    def resume_busy(self, path: Path) -> bool:
+        """True while a build trains into `path` (it holds resume_in_use's lock)."""
+        lock = path / _IN_USE
+        if not lock.is_file():
+            return False
+        with open(lock, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+    def remove_resume(self, path: Path) -> None:
+        if path.parent != self.root / RESUME or path.is_symlink():
+            raise ValueError(f"{path} is not a resume dir of {self.root}")
+        trash = path.with_name(f"{_TMP_PREFIX}gc-{path.name}-{secrets.token_hex(4)}")
+        os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def remove(self, entry: Entry) -> None:
         trash = entry.path.with_name(f"{_TMP_PREFIX}gc-{entry.key}-{secrets.token_hex(4)}")
         os.rename(entry.path, trash)  # vanish atomically first, then delete at leisure
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _stamps(directory: Path, files: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
+    stamps = {}
+    for rel, info in files.items():
+        if "sha256" in info:
+            st = (directory / rel).lstat()
+            stamps[rel] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return stamps
+
+
+@contextlib.contextmanager
+def resume_in_use(path: Path) -> Iterator[None]:
+    """Held while a draft training reads and writes its resume dir, so `cache gc` leaves it alone."""
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / _IN_USE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _owner_pid(name: str) -> int | None:
@@ -157,16 +285,17 @@ def hash_tree(directory: Path) -> dict[str, dict[str, Any]]:
             files[rel] = {"symlink": os.readlink(path)}
             continue
         if path.is_file() and not any(part.is_symlink() for part in path.parents if directory in part.parents):
-            digest = hashlib.sha256()
-            with path.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-            files[rel] = {"sha256": digest.hexdigest(), "size": path.stat().st_size}
+            files[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return files
 
 
 def dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+    return total
 
 
 def _write_json_durably(path: Path, data: Any) -> None:

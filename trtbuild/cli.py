@@ -188,8 +188,7 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
     if "deploy" not in artifacts:
         raise UserError("the recipe has no deploy stage", file=recipe, field="deploy",
                         fix="add a `deploy:` section")
-    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo,
-             out_dir=loaded.output_path / "bench")
+    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo, out_dir=_bench_dir(loaded))
 
 
 @cli.command()
@@ -211,7 +210,7 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
         loaded, artifacts = _built(recipe, overrides, "deploy", not as_json)
         levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
         report = bench_deployment(artifacts["deploy"], server_url, concurrency=levels,
-                                  out_dir=loaded.output_path / "bench", target=server_target)
+                                  out_dir=_bench_dir(loaded), target=server_target)
     else:
         from trtbuild.progress import Progress
         from trtbuild.runtime.bench import BenchConfig, run_bench
@@ -222,7 +221,7 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
                             field="draft", fix="add a `draft:` section (source: train, path or hub)")
         target = artifacts["quantize"] / "hf" if "quantize" in artifacts else artifacts["model"] / "hf"
         config = loaded.bench or BenchConfig(max_draft_len=loaded.draft.max_draft_len)
-        out = loaded.output_path / "bench" / "bench.json"
+        out = _bench_dir(loaded) / "bench.json"
         report = run_bench(target, artifacts["draft"] / "eagle3", None, config, out_path=out,
                            progress=Progress.for_terminal(enabled=not as_json))
     if as_json:
@@ -245,6 +244,14 @@ def _print_bench(report: dict[str, Any]) -> None:
     click.echo(f"speculative:  {spec['tokens_per_s_per_user']:8.1f} tokens/s/user  "
                f"(acceptance length {spec['acceptance_length']:.2f})")
     click.echo(f"speedup:      {report['speedup']:.2f}x   outputs identical: {report['outputs_identical']}")
+
+
+def _bench_dir(loaded: Any) -> Any:
+    """<output_dir>/bench, proven to stay inside the output dir (a planted symlink is refused)."""
+    from trtbuild.safepaths import ensure_inside, mark_output_dir
+
+    mark_output_dir(loaded.output_path)
+    return ensure_inside(loaded.output_path / "bench", [loaded.output_path], "write into")
 
 
 @cli.command()
@@ -270,17 +277,27 @@ def cache() -> None:
 @cache.command("ls")
 @click.option("--json", "as_json", is_flag=True)
 def cache_ls(as_json: bool) -> None:
-    """List cached artifacts."""
+    """List cached artifacts, interrupted draft trainings (resume) and entries with a broken manifest."""
     from trtbuild.cache import dir_size
 
     store = _cache()
-    rows = []
+    rows, broken = [], []
     for entry in store.entries():
-        manifest = entry.manifest()
-        rows.append({"stage": entry.stage, "key": entry.key, "recipe": manifest.get("recipe", {}).get("name"),
+        manifest = entry.manifest_or_none()
+        if manifest is None:
+            broken.append(str(entry.path))
+            continue
+        recipe = manifest.get("recipe")
+        rows.append({"stage": entry.stage, "key": entry.key,
+                     "recipe": recipe.get("name") if isinstance(recipe, dict) else None,
                      "created": manifest.get("created"), "bytes": dir_size(entry.path), "path": str(entry.path)})
+    for path in store.resume_dirs():
+        rows.append({"stage": "resume", "key": path.name, "recipe": None,
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(store.resume_last_used(path))),
+                     "bytes": dir_size(path), "path": str(path)})
     if as_json:
-        _print_json({"root": str(store.root), "entries": rows, "incomplete": [str(p) for p in store.incomplete()]})
+        _print_json({"root": str(store.root), "entries": rows, "broken": broken,
+                     "incomplete": [str(p) for p in store.incomplete()]})
         return
     from rich.console import Console
     from rich.table import Table
@@ -292,27 +309,48 @@ def cache_ls(as_json: bool) -> None:
         table.add_row(row["stage"], row["key"][:12], str(row["recipe"]), str(row["created"]),
                       f"{row['bytes'] / 1e6:.1f}")
     Console().print(table)
+    for path in broken:
+        click.echo(f"broken manifest (skipped; `cache gc` removes it): {path}")
+
+
+def _days(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not (value >= 0 and value != float("inf")):
+        raise click.BadParameter(f"{value} is not a number of days >= 0", ctx=ctx, param=param)
+    return value
 
 
 @cache.command("gc")
-@click.option("--older-than", "days", type=float, default=30.0, show_default=True,
-              help="Remove entries not used for this many days.")
+@click.option("--older-than", "days", type=float, default=30.0, show_default=True, callback=_days,
+              help="Remove entries and interrupted draft trainings not used for this many days (>= 0).")
 @click.option("--dry-run", is_flag=True)
 def cache_gc(days: float, dry_run: bool) -> None:
-    """Remove leftovers of killed builds and entries unused for --older-than days."""
+    """Remove leftovers of killed builds, entries with a broken manifest, and what was unused for
+    --older-than days (cache entries and the resume dirs of interrupted draft trainings)."""
     store = _cache()
     cutoff = time.time() - days * 86400
-    doomed = [e for e in store.entries() if store.last_used(e) < cutoff]
+    verb = "would remove" if dry_run else "removed"
+    doomed, broken = [], []
+    for entry in store.entries():
+        if entry.manifest_or_none() is None:
+            broken.append(entry)
+        elif store.last_used(entry) < cutoff:
+            doomed.append(entry)
+    resumes = [p for p in store.resume_dirs() if store.resume_last_used(p) < cutoff and not store.resume_busy(p)]
     leftovers = store.incomplete()
-    for entry in doomed:
-        click.echo(f"{'would remove' if dry_run else 'removed'} {entry.stage}/{entry.key}")
+    for entry in doomed + broken:
+        click.echo(f"{verb} {entry.stage}/{entry.key}" + (" (broken manifest)" if entry in broken else ""))
         if not dry_run:
             store.remove(entry)
+    for path in resumes:
+        click.echo(f"{verb} resume/{path.name}")
+        if not dry_run:
+            store.remove_resume(path)
     for path in leftovers:
-        click.echo(f"{'would remove' if dry_run else 'removed'} incomplete {path.parent.name}/{path.name}")
+        click.echo(f"{verb} incomplete {path.parent.name}/{path.name}")
         if not dry_run:
             shutil.rmtree(path, ignore_errors=True)
-    click.echo(f"{len(doomed)} entries, {len(leftovers)} incomplete")
+    click.echo(f"{len(doomed)} entries, {len(broken)} broken, {len(resumes)} resume dirs, "
+               f"{len(leftovers)} incomplete")
 
 
 @cli.command()
@@ -320,19 +358,25 @@ def cache_gc(days: float, dry_run: bool) -> None:
 @_set_option
 @click.option("--cache", "with_cache", is_flag=True, help="Also drop this recipe's cache entries.")
 def clean(recipe: str, overrides: tuple[str, ...], with_cache: bool) -> None:
-    """Remove the recipe's output directory (and with --cache its cached artifacts)."""
+    """Remove what builds of the recipe wrote to its output directory (and with --cache its cached artifacts).
+
+    Only a directory marked by a trtbuild build is touched, and in it only the stage links, build.json
+    and bench/ that builds write; files of your own there stay."""
+    from trtbuild.safepaths import clean_output_dir
+
     loaded = _load(recipe, overrides)
     out = loaded.output_path
     removed = 0
     if with_cache:
         store = _cache()
         for entry in store.entries():
-            if entry.manifest().get("recipe", {}).get("name") == loaded.name:
+            recipe_info = (entry.manifest_or_none() or {}).get("recipe")
+            if isinstance(recipe_info, dict) and recipe_info.get("name") == loaded.name:
                 store.remove(entry)
                 removed += 1
-    if out.exists():
-        shutil.rmtree(out)
-    click.echo(f"removed {out}" + (f" and {removed} cache entries" if with_cache else ""))
+    cleaned = clean_output_dir(out)
+    what = f"removed {', '.join(cleaned)} from {out}" if cleaned else f"nothing built in {out}"
+    click.echo(what + (f"; {removed} cache entries" if with_cache else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,6 +385,11 @@ def main(argv: list[str] | None = None) -> None:
     except TrtbuildError as exc:
         click.echo(f"error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # outside a stage (output dir, cache upkeep): still one line
+        from trtbuild.errors import os_error
+
+        click.echo(f"error: {os_error(exc).one_line()}", err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
         sys.exit(130)

@@ -35,3 +35,37 @@ class UserError(TrtbuildError):
 
 class BuildError(TrtbuildError):
     exit_code = 1
+
+
+def os_error(exc: OSError, *, written: int | None = None, where: str | None = None) -> TrtbuildError:
+    """An OSError as one line: the path, what the system said, and for a full disk the free space
+    there and how much more is needed (at least what the step had written when the disk filled).
+    `where` is the directory being written (the stage's work dir): for a full disk it names the disk,
+    where the failing call may name its source file."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    path = (where if full and where else None) or exc.filename or where or "?"
+    message = f"{path}: {exc.strerror or exc}"
+    if not full:
+        return UserError(message, fix="check the path's permissions and the disk")
+    probe = Path(str(path))
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        have = f"{_size(shutil.disk_usage(probe).free)} free on that filesystem"
+    except OSError:
+        have = "free space unknown"
+    need = f"; the step had written {_size(written)} when the disk filled: free at least that much more" \
+        if written else ""
+    return UserError(f"{message} ({have}{need}); nothing half-written was kept",
+                     fix="free disk space, or point TRTBUILD_CACHE / output_dir at a larger disk")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return f"{count} bytes"

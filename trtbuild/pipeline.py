@@ -20,13 +20,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trtbuild.cache import ArtifactCache, Entry
-from trtbuild.errors import TrtbuildError, UserError
+from trtbuild.cache import ArtifactCache, Entry, dir_size
+from trtbuild.errors import TrtbuildError, UserError, os_error
 from trtbuild.progress import Progress
+from trtbuild.safepaths import ensure_inside, mark_output_dir
 from trtbuild.stages import STAGE_ORDER, all_stages
 from trtbuild.stages.base import Artifact, Stage, StageConfig, StageContext
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+DAMAGED = "cache entry damaged, rebuilt"
 
 
 @dataclass
@@ -91,8 +93,9 @@ def _hash(components: dict[str, Any]) -> str:
 
 
 def plan(recipe: Any, cache: ArtifactCache, *, until: str | None = None,
-         force: tuple[str, ...] = ()) -> list[PlannedStage]:
-    """Decide for every stage: run, cached or skipped, and why. Touches nothing."""
+         force: tuple[str, ...] = (), record_checks: bool = False) -> list[PlannedStage]:
+    """Decide for every stage: run, cached or skipped, and why. Touches nothing unless `record_checks`
+    (build: remember which files of a hit were hash-checked, so the next check skips them)."""
     for name in (*force, *([until] if until else [])):
         if name not in STAGE_ORDER:
             raise UserError(f"unknown stage '{name}'", field="--until/--force",
@@ -134,9 +137,12 @@ def plan(recipe: Any, cache: ArtifactCache, *, until: str | None = None,
         item.key = _hash(item.components)
         upstream_runs = [d for d in inputs if planned[d].action == "run"]
         entry = cache.lookup(name, item.key)
+        damage = cache.damage(entry, record=record_checks) if entry is not None else None
         if name in force or (forced_downstream and upstream_runs):
             item.action, item.reason = "run", ("--force" if name in force else "an input is rebuilt")
             forced_downstream = True
+        elif damage is not None:
+            item.action, item.reason = "run", f"{DAMAGED}: {damage}"
         elif entry is not None:
             item.action, item.reason, item.artifact = "cached", "key found in the cache", entry.path
             manifest = entry.manifest()
@@ -185,7 +191,7 @@ def _diff(old: Any, new: Any, path: str = "") -> list[str]:
 
 def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str | None = None,
           force: tuple[str, ...] = ()) -> list[PlannedStage]:
-    steps = plan(recipe, cache, until=until, force=force)
+    steps = plan(recipe, cache, until=until, force=force, record_checks=True)
     artifacts: dict[str, Artifact] = {}
     for item in steps:
         if item.action == "skip":
@@ -194,11 +200,14 @@ def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str |
         if item.action == "cached":
             assert item.artifact is not None
             progress.log(f"[green]cached[/] {item.name} {item.key[:12]}")
+            entry = cache.lookup(item.name, item.key)
+            if entry is not None:
+                cache.touch(entry)
         else:
             progress.log(f"[bold]run[/] {item.name} ({item.reason})")
             item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
         artifacts[item.name] = Artifact(item.name, item.key, item.artifact)
-        _link_output(recipe.output_path, item.name, item.artifact)
+        _link_output(recipe.output_path, item.name, item.artifact, cache.root)
     _write_build_report(recipe, steps)
     return steps
 
@@ -208,7 +217,8 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
     assert item.stage is not None and item.key is not None and item.config is not None
     with cache.lock(item.name, item.key):
         existing = cache.lookup(item.name, item.key)
-        if existing is not None and item.reason != "--force" and item.reason != "an input is rebuilt":
+        rebuild = item.reason in ("--force", "an input is rebuilt") or item.reason.startswith(DAMAGED)
+        if existing is not None and not rebuild:
             item.action, item.metrics = "cached", existing.manifest().get("metrics", {})
             return existing  # another process built it while we waited
         workdir = cache.new_workdir(item.name, item.key)
@@ -219,6 +229,10 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
             # Libraries (ModelOpt, transformers) print to stdout; keep stdout for --json alone.
             with contextlib.redirect_stdout(sys.stderr):
                 result = item.stage.run(item.config, ctx)
+        except OSError as exc:  # disk full, permissions: one line, and nothing half-written kept
+            error = os_error(exc, written=dir_size(workdir), where=str(workdir))  # free space before the discard
+            cache.discard(workdir)
+            raise error from exc
         except BaseException:
             cache.discard(workdir)  # a failed stage leaves nothing behind
             raise
@@ -237,15 +251,22 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
             "host": {"python": sys.version.split()[0], "platform": platform.platform()},
         }
         try:
-            return cache.commit(workdir, item.name, item.key, manifest)
+            entry = cache.commit(workdir, item.name, item.key, manifest)
+        except OSError as exc:
+            error = os_error(exc, written=dir_size(workdir), where=str(workdir))
+            cache.discard(workdir)
+            raise error from exc
         except BaseException:
             cache.discard(workdir)
             raise
+        cache.touch(entry)
+        return entry
 
 
-def _link_output(output_dir: Path, name: str, target: Path) -> None:
+def _link_output(output_dir: Path, name: str, target: Path, cache_root: Path) -> None:
     """output_dir/<stage> -> the cache entry; replaced atomically so readers never see it missing."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    ensure_inside(target, [cache_root], "link to")
+    mark_output_dir(output_dir)
     link = output_dir / name
     if link.exists() and not link.is_symlink():
         raise UserError(f"{link} exists and is not a link made by trtbuild", field="output_dir",
@@ -253,8 +274,13 @@ def _link_output(output_dir: Path, name: str, target: Path) -> None:
     tmp = output_dir / f".{name}.link-{os.getpid()}"
     if tmp.is_symlink():
         tmp.unlink()
-    tmp.symlink_to(target, target_is_directory=True)
-    os.replace(tmp, link)
+    try:
+        tmp.symlink_to(target, target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError as exc:
+        if tmp.is_symlink():
+            tmp.unlink()
+        raise os_error(exc) from exc
 
 
 def report(recipe: Any, steps: list[PlannedStage], executed: bool) -> dict[str, Any]:
@@ -265,8 +291,12 @@ def report(recipe: Any, steps: list[PlannedStage], executed: bool) -> dict[str, 
 def _write_build_report(recipe: Any, steps: list[PlannedStage]) -> None:
     out = recipe.output_path / "build.json"
     tmp = out.with_name(f".build.json.{os.getpid()}")
-    tmp.write_text(json.dumps(report(recipe, steps, executed=True), indent=2, default=str))
-    os.replace(tmp, out)
+    try:
+        tmp.write_text(json.dumps(report(recipe, steps, executed=True), indent=2, default=str))
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise os_error(exc) from exc
 
 
 __all__ = ["PlannedStage", "TrtbuildError", "build", "code_version", "plan", "report"]

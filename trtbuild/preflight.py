@@ -1,16 +1,22 @@
 """Cross-stage checks run by `validate`, `plan` and `build` before any work.
 
-Each stage may define `preflight(recipe) -> list[str]` returning one line per mismatch
-(field, both values, the fix). All problems are collected; the first is raised as a UserError,
-the others are appended so a user sees every mismatch at once.
+Each stage may define `preflight(config, recipe) -> list[str]`, and trtbuild.crosschecks adds the
+rules that span sections; every problem is one line `field: message (fix: ...)`. All problems are
+collected; the first is raised as a UserError at the file and line where its field is written (the
+field's section, or the recipe's first line, when the field itself is not written), the others are
+appended so a user sees every mismatch at once.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from trtbuild import crosschecks
 from trtbuild.errors import UserError
 from trtbuild.stages import all_stages
+
+_FIELD = re.compile(r"([A-Za-z_]\w*(?:\.\w+)*)(?:\[\d+\])?: ")
 
 
 def problems(recipe: Any) -> list[str]:
@@ -20,6 +26,7 @@ def problems(recipe: Any) -> list[str]:
         check = getattr(stage, "preflight", None)
         if config is not None and check is not None:
             found.extend(check(config, recipe))
+    found.extend(p for p in crosschecks.problems(recipe) if p not in found)
     return found
 
 
@@ -27,4 +34,14 @@ def preflight(recipe: Any) -> None:
     found = problems(recipe)
     if found:
         more = f" (+{len(found) - 1} more: {' | '.join(found[1:])})" if len(found) > 1 else ""
-        raise UserError(found[0] + more, file=str(recipe.recipe_file.name))
+        raise located(recipe, found[0], more)
+
+
+def located(recipe: Any, problem: str, more: str = "") -> UserError:
+    """The problem as a UserError at the recipe position of the field it names."""
+    match = _FIELD.match(problem)
+    field = match.group(1) if match else None
+    message = problem[match.end():] if match else problem
+    pos = recipe.position_of(tuple(field.split("."))) if field else recipe.position_of(())
+    file = pos.file if pos else str(recipe.recipe_file)
+    return UserError(message + more, file=file, line=pos.line if pos else None, field=field)

@@ -2,7 +2,8 @@
 
 Features: `extends:` (a path or a list, relative to the file that names it; later wins, maps merge
 deeply, lists are replaced), `--set a.b=c` overrides (values parsed as YAML), `${env:NAME}` and
-`${env:NAME:-default}` interpolation in strings. Relative paths inside a recipe are resolved
+`${env:NAME:-default}` interpolation in strings (engine.env keeps them as references that the launch
+scripts resolve, so secrets are never written anywhere). Relative paths inside a recipe are resolved
 against the directory of the top-level recipe file (`Recipe.resolve_path`).
 Every error is a one-line `UserError` naming the file, line and field, and the fix.
 """
@@ -22,13 +23,13 @@ from trtbuild.errors import UserError
 from trtbuild.yaml_positions import KeyPath, Position, load_yaml_with_positions
 
 KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
-_ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
 class RecipeBase(BaseModel):
     """Top-level fields; the stage sections are added by `recipe_model()`."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
     name: str = Field(description="Name of the recipe; used in the manifest and the default output dir.")
     description: str = Field(default="", description="Free text shown by `trtbuild plan`.")
@@ -41,6 +42,13 @@ class RecipeBase(BaseModel):
         default_factory=lambda: ["sm_90a", "sm_100a"],
         description="GPU architectures the deployment targets (kernels are compiled for each).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _usable_name(cls, value: str) -> str:
+        from trtbuild.safepaths import check_name
+
+        return check_name(value)
 
     @field_validator("gpu_archs")
     @classmethod
@@ -106,7 +114,34 @@ def load_recipe(path: str | os.PathLike[str], overrides: list[str] | None = None
         raise _to_user_error(exc, positions, model, display) from None
     recipe._recipe_file = recipe_path.resolve()
     recipe._positions = positions
+    _check_output_dir(recipe, display)
     return recipe
+
+
+def _check_output_dir(recipe: RecipeBase, display: str) -> None:
+    """The output directory is trtbuild's to fill and to clean: never a folder that holds other things."""
+    from trtbuild.cache import default_root
+    from trtbuild.safepaths import output_dir_problem
+
+    problem = output_dir_problem(recipe.output_path, recipe.recipe_file, default_root())
+    if problem is None:
+        return
+    key = ("output_dir",) if recipe.output_dir else ("name",)
+    pos = recipe.position_of(key) or Position(display, None)
+    raise UserError(f"the output directory {recipe.output_path} {problem}", file=pos.file, line=pos.line,
+                    field="output_dir", fix="give output_dir a directory of its own, e.g. ../build/<name>")
+
+
+def _refuse_empty_sections(data: dict, inherited: dict, positions: dict, display: str) -> None:
+    """`model:` with nothing under it reads as null, which silently drops the stage. Null is only
+    meaningful as `quantize: null` in a recipe that extends one with that section (drop it)."""
+    from trtbuild.stages import STAGE_ORDER, extra_sections
+
+    for name in (*STAGE_ORDER, *extra_sections()):
+        if name in data and data[name] is None and not isinstance(inherited.get(name), dict):
+            pos = positions.get((name,)) or Position(display, None)
+            raise UserError("the section is empty (null)", file=pos.file, line=pos.line, field=name,
+                            fix=f"write `{name}: {{}}` for the defaults, or remove the line")
 
 
 def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tuple[dict, dict]:
@@ -124,6 +159,7 @@ def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tup
                         line=1, fix="write `key: value` lines at the top level")
     parents = data.pop("extends", None)
     if parents is None:
+        _refuse_empty_sections(data, {}, positions, display)
         return data, positions
     if isinstance(parents, str):
         parents = [parents]
@@ -139,9 +175,14 @@ def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tup
             raise UserError(f"extended recipe '{parent}' not found (looked in {parent_path.parent})",
                             file=display, line=line, field="extends",
                             fix="give a path relative to this file")
+        if parent_path.resolve() in (*chain, resolved):
+            cycle = " -> ".join(p.name for p in (*chain, resolved, parent_path.resolve()))
+            raise UserError(f"`extends` cycle: {cycle}", file=display, line=line, field="extends",
+                            fix="remove one of the extends links")
         parent_display = os.path.relpath(parent_path) if not Path(parent).is_absolute() else parent
         pdata, ppos = _load_with_extends(parent_path, parent_display, (*chain, resolved))
         _deep_merge(merged, merged_pos, pdata, ppos, ())
+    _refuse_empty_sections(data, merged, positions, display)
     _deep_merge(merged, merged_pos, data, {k: v for k, v in positions.items() if k[:1] != ("extends",)}, ())
     return merged, merged_pos
 
@@ -175,8 +216,10 @@ def _apply_override(data: dict, positions: dict, override: str) -> None:
                         fix="use names joined by dots, e.g. draft.max_draft_len=4")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise UserError(f"the value is not valid YAML: {problem}", file=where, field=dotted,
+                        fix=f"quote it for YAML and the shell, e.g. --set '{dotted}=\"...\"'") from None
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -201,6 +244,15 @@ def _interpolate(value: Any, path: KeyPath, positions: dict) -> Any:
         return [_interpolate(v, (*path, i), positions) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
+    if path[:2] == ("engine", "env") and len(path) == 3:
+        # Kept as references and resolved by the launch scripts' shell: a secret such as HF_TOKEN
+        # never lands in a manifest, bundle.json, a launch script or the cache key.
+        if "${" in ENV_PATTERN.sub("", value):
+            pos = _closest_position(positions, path)
+            raise UserError(f"unsupported interpolation in '{value}'", file=pos.file if pos else None,
+                            line=pos.line if pos else None, field=_dotted(path),
+                            fix="use ${env:NAME} or ${env:NAME:-default}")
+        return value
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -213,7 +265,7 @@ def _interpolate(value: Any, path: KeyPath, positions: dict) -> Any:
                         line=pos.line if pos else None, field=_dotted(path),
                         fix=f"export {name}=... or write ${{env:{name}:-default}}")
 
-    result = _ENV_PATTERN.sub(replace, value)
+    result = ENV_PATTERN.sub(replace, value)
     if "${" in result:
         pos = _closest_position(positions, path)
         raise UserError(f"unsupported interpolation in '{value}'", file=pos.file if pos else None,
@@ -253,7 +305,7 @@ def _to_user_error(exc: ValidationError, positions: dict, model: type[BaseModel]
     if kind == "missing":
         return UserError("required field is missing", file=pos.file, line=pos.line, field=field,
                          fix=f"add `{loc[-1]}:` to the section")
-    message = err["msg"]
+    message = err["msg"].removeprefix("Value error, ")
     if given is not None and not isinstance(given, dict | list):
         message += f" (got {given!r})"
     fix = _fix_for(kind, err)
@@ -267,6 +319,10 @@ def _fix_for(kind: str, err: dict) -> str:
         return f"give a value of the right type ({kind.replace('_parsing', '').replace('_type', '')})"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return "give a value within the allowed range"
+    if kind == "finite_number":
+        return "give a finite number (not .inf or .nan)"
+    if kind.startswith("string_") or kind.startswith("too_") or kind == "list_type":
+        return "give a value of the allowed form"
     if kind == "value_error":
         return "see the message"
     return "see `trtbuild validate --help` and docs/recipe-reference.md"

@@ -48,32 +48,32 @@ class TinyModelConfig(StageConfig):
 
     # Architecture.
     num_hidden_layers: int = Field(default=6, ge=1, le=64, description="Decoder layers.")
-    hidden_size: int = Field(default=256, ge=16, description="Model width.")
-    num_attention_heads: int = Field(default=4, ge=1,
+    hidden_size: int = Field(default=256, ge=16, le=1 << 16, description="Model width.")
+    num_attention_heads: int = Field(default=4, ge=1, le=1024,
                                      description="Query heads (head_dim = hidden_size / heads).")
-    num_key_value_heads: int = Field(default=2, ge=1, description="Key/value heads (GQA: fewer than the "
+    num_key_value_heads: int = Field(default=2, ge=1, le=1024, description="Key/value heads (GQA: fewer than the "
                                      "query heads, so the runtime's grouped attention is exercised).")
-    intermediate_size: int = Field(default=768, ge=16, description="SwiGLU MLP width.")
-    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base frequency.")
-    max_position_embeddings: int = Field(default=2048, ge=16, description="Context length written to "
+    intermediate_size: int = Field(default=768, ge=16, le=1 << 18, description="SwiGLU MLP width.")
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e12, description="RoPE base frequency.")
+    max_position_embeddings: int = Field(default=2048, ge=16, le=1 << 20, description="Context length written to "
                                          "config.json (the model is trained on `seq_len`-token windows).")
-    rms_norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
+    rms_norm_eps: float = Field(default=1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     # Tokenizer.
     vocab_size: int = Field(default=2048, ge=BYTE_ALPHABET + len(SPECIAL_TOKENS), le=65536,
                             description="Byte-level BPE vocabulary (256 bytes + merges + <s>, </s>, <pad>), "
                             "trained with `tokenizers` on the pydoc train split.")
     # Training.
-    seq_len: int = Field(default=256, ge=8, description="Training window in tokens, <s> included.")
-    batch_size: int = Field(default=8, ge=1, description="Windows per optimizer step.")
-    steps: int = Field(default=220, ge=1, description="Optimizer steps (tokens seen = steps x batch_size "
+    seq_len: int = Field(default=256, ge=8, le=1 << 20, description="Training window in tokens, <s> included.")
+    batch_size: int = Field(default=8, ge=1, le=1 << 16, description="Windows per optimizer step.")
+    steps: int = Field(default=220, ge=1, le=10**8, description="Optimizer steps (tokens seen = steps x batch_size "
                        "x seq_len; the train split is about 116k tokens at the default vocabulary).")
-    learning_rate: float = Field(default=3e-3, gt=0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(default=20, ge=0, description="Linear warm-up steps before the cosine decay.")
+    learning_rate: float = Field(default=3e-3, gt=0, le=10, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(default=20, ge=0, le=10**8, description="Linear warm-up steps before the cosine decay.")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Final learning rate / peak (cosine).")
-    weight_decay: float = Field(default=0.1, ge=0, description="AdamW weight decay on matrices "
+    weight_decay: float = Field(default=0.1, ge=0, le=10, description="AdamW weight decay on matrices "
                                 "(not on norms).")
-    grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clip.")
-    seed: int = Field(default=0, description="Seed of the weight init and the data order.")
+    grad_clip: float = Field(default=1.0, gt=0, le=1e6, description="Gradient norm clip.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the weight init and the data order.")
     processes: int = Field(default=2, ge=1, le=64, description="Training processes, one CPU thread each, "
                            "each taking batch_size / processes windows of every batch; gradients are "
                            "summed over processes (gloo) every step. Part of the result: another count "
@@ -352,12 +352,12 @@ def _train_with_helpers(model: Any, cfg: TinyModelConfig, ids: torch.Tensor, scr
     the caller's __main__), all joined through a file store in `scratch`."""
     import datetime
 
-    import torch
     import torch.distributed as dist
+    from safetensors.torch import save_file
 
     comm = scratch / ".train"
     comm.mkdir()
-    torch.save(ids, comm / "ids.pt")
+    save_file({"ids": ids.contiguous()}, str(comm / "ids.safetensors"))  # tensors only, never a pickle
     (comm / "config.json").write_text(cfg.model_dump_json())
     package_root = str(Path(__file__).resolve().parent.parent)
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
@@ -400,12 +400,12 @@ def _helper_main() -> None:
     """Entry point of training ranks 1..: same init, its share of each batch, then exit."""
     import datetime
 
-    import torch
     import torch.distributed as dist
+    from safetensors.torch import load_file
 
     comm, rank = Path(sys.argv[1]), int(sys.argv[2])
     cfg = TinyModelConfig.model_validate_json((comm / "config.json").read_text())
-    ids = torch.load(comm / "ids.pt")
+    ids = load_file(str(comm / "ids.safetensors"))["ids"]
     with _deterministic_torch():
         model = _new_model(cfg)
         store = dist.FileStore(str(comm / "store"), cfg.processes)

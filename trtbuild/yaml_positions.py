@@ -1,7 +1,15 @@
-"""YAML loading that remembers where every value came from (file and line), for error messages."""
+"""YAML loading that remembers where every value came from (file and line), for error messages.
+
+Bounded: regular files only (a FIFO or /dev/zero is refused before anything is read), at most
+MAX_BYTES, no NUL bytes, nesting at most MAX_DEPTH (checked on the event stream, before any
+recursion), and at most MAX_VALUES values after alias expansion (a 600-byte "billion laughs" file
+is refused at once instead of expanding without bound).
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +19,9 @@ import yaml
 from trtbuild.errors import UserError
 
 KeyPath = tuple[str | int, ...]
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
 
 
 @dataclass(frozen=True)
@@ -22,20 +33,52 @@ class Position:
         return f"{self.file}:{self.line}" if self.line else self.file
 
 
-def load_yaml_with_positions(path: Path, display: str) -> tuple[Any, dict[KeyPath, Position]]:
-    """Parse one YAML file; return the data and a map from key path to where it was written."""
+def read_recipe_text(path: Path, display: str) -> str:
+    """The file's text, refusing what is not a small regular UTF-8 text file without NUL bytes."""
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
     except FileNotFoundError as exc:
         raise UserError("file not found", file=display, fix="check the path") from exc
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read as a UTF-8 text file ({type(exc).__name__})", file=display,
-                        fix="point at a YAML recipe file") from exc
-    loader = yaml.SafeLoader(text)
+    except IsADirectoryError as exc:
+        raise UserError("is a directory, not a recipe file", file=display, fix="point at a YAML recipe file") from exc
+    except OSError as exc:
+        raise UserError(f"cannot open: {exc.strerror}", file=display, fix="check the path and permissions") from exc
     try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise UserError("is a directory, not a recipe file", file=display, fix="point at a YAML recipe file")
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError("is not a regular file (a device, FIFO or socket)", file=display,
+                            fix="point at a YAML recipe file")
+        if info.st_size > MAX_BYTES:
+            raise UserError(f"is {info.st_size} bytes; a recipe may have at most {MAX_BYTES}", file=display,
+                            fix="split it with `extends:` or remove what is not needed")
+        data = os.read(fd, MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise UserError(f"has more than {MAX_BYTES} bytes", file=display, fix="shorten the recipe")
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise UserError("holds a NUL byte", file=display, line=line, fix="save the recipe as plain UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError("is not UTF-8 text", file=display, line=line, fix="save the recipe as UTF-8") from exc
+
+
+def load_yaml_with_positions(path: Path, display: str) -> tuple[Any, dict[KeyPath, Position]]:
+    """Parse one YAML file; return the data and a map from key path to where it was written."""
+    text = read_recipe_text(path, display)
+    loader: yaml.SafeLoader | None = None
+    try:
+        _check_depth(text, display)
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         positions: dict[KeyPath, Position] = {}
-        data = _convert(loader, node, (), positions, display) if node is not None else None
+        budget = [MAX_VALUES]
+        data = _convert(loader, node, (), positions, display, budget) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -43,14 +86,42 @@ def load_yaml_with_positions(path: Path, display: str) -> tuple[Any, dict[KeyPat
         raise UserError(f"not valid YAML: {problem}", file=display, line=line,
                         fix="fix the YAML syntax at that line") from exc
     except yaml.YAMLError as exc:
-        raise UserError(f"not valid YAML: {exc}", file=display, fix="fix the YAML syntax") from exc
+        message = str(exc).split("\n")[0]
+        raise UserError(f"not valid YAML: {message}", file=display, line=_line_of(exc, text),
+                        fix="fix the YAML syntax") from exc
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, positions
 
 
+def _line_of(exc: yaml.YAMLError, text: str) -> int | None:
+    position = getattr(exc, "position", None)  # a ReaderError's character offset
+    return None if position is None else text[:position].count("\n") + 1
+
+
+def _check_depth(text: str, display: str) -> None:
+    """Walk the event stream (iterative, unlike the composer) and refuse deep nesting."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise UserError(f"nested more than {MAX_DEPTH} levels deep", file=display,
+                                line=event.start_mark.line + 1, fix="flatten the recipe")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath,
-             positions: dict[KeyPath, Position], display: str) -> Any:
+             positions: dict[KeyPath, Position], display: str, budget: list[int]) -> Any:
+    if len(path) > MAX_DEPTH:  # aliases can nest deeper than the text does (`&a [*a]` never ends)
+        raise UserError(f"nested more than {MAX_DEPTH} levels deep (through aliases)", file=display,
+                        line=node.start_mark.line + 1, fix="flatten the recipe; an alias may not contain itself")
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise UserError(f"expands to more than {MAX_VALUES} values (aliases used over and over?)", file=display,
+                        line=node.start_mark.line + 1, fix="write the values out instead of nesting aliases")
     positions[path] = Position(display, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
@@ -62,10 +133,10 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath,
             if key in result:
                 raise UserError(f"key '{key}' appears twice", file=display,
                                 line=key_node.start_mark.line + 1, fix="keep one of them")
-            result[key] = _convert(loader, value_node, (*path, key), positions, display)
+            result[key] = _convert(loader, value_node, (*path, key), positions, display, budget)
             # Point at the key's line, not the value's (a nested mapping starts on the next line).
             positions[(*path, key)] = Position(display, key_node.start_mark.line + 1)
         return result
     if isinstance(node, yaml.SequenceNode):
-        return [_convert(loader, item, (*path, i), positions, display) for i, item in enumerate(node.value)]
+        return [_convert(loader, item, (*path, i), positions, display, budget) for i, item in enumerate(node.value)]
     return loader.construct_object(node, deep=True)

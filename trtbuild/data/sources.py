@@ -45,7 +45,7 @@ _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assista
 class TextSource(BaseModel):
     """Where text comes from. A plain string in the recipe is shorthand (see module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["pydoc", "file", "hf"] = Field(
         description="pydoc: the built-in corpus; file: a local .txt/.jsonl; hf: a Hugging Face dataset "
@@ -58,7 +58,8 @@ class TextSource(BaseModel):
     field: str | None = Field(
         default=None, description="text field of jsonl / hf records (default `text`; chats are found by "
                                   "`conversations` or `messages`)")
-    max_records: int | None = Field(default=None, gt=0, description="read at most this many records")
+    max_records: int | None = Field(default=None, gt=0, le=10**9, strict=True,
+                                    description="read at most this many records")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from trtbuild.stages.base import StageContext
     from trtbuild.stages.draft import DraftConfig
 
-POOL_FILE = "pool.pt"
+POOL_FILE = "pool.safetensors"  # a tensor file, never a pickle: the resume dir lies in the cache
 
 
 def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
@@ -35,6 +35,19 @@ def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
     return sorted(config.aux_layers)
 
 
+def _load_pool(path: Path) -> Any:
+    """The saved training pool, or None when absent or unreadable (then it is built again)."""
+    if not path.is_file():
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path)).get("pool")
+    except (OSError, SafetensorError):
+        return None
+
+
 def _export_dtype(config: DraftConfig, target: Any) -> str:
     if config.export_dtype != "auto":
         return config.export_dtype
@@ -49,6 +62,7 @@ def _export_dtype(config: DraftConfig, target: Any) -> str:
 def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: Path,
                 resume: Path) -> dict[str, Any]:
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
     from trtbuild.data.sources import load_texts
@@ -74,16 +88,15 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     resume.mkdir(parents=True, exist_ok=True)
     pool_file = resume / POOL_FILE
     started = time.perf_counter()
-    if pool_file.is_file():
-        pool = torch.load(pool_file)
-    else:
+    pool = _load_pool(pool_file)
+    if pool is None:
         texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=ctx.recipe.base_dir)
         plan = DataPlan(samples=config.samples, seq_len=config.seq_len,
                         distill_fraction=config.distill_fraction, prompt_len=config.prompt_len,
                         seed=config.seed)
         pool = build_pool(target, tokenizer, texts, plan, ctx.progress)
-        tmp = pool_file.with_suffix(".tmp")
-        torch.save(pool, tmp)
+        tmp = pool_file.with_name(f".{pool_file.name}.tmp")
+        save_file({"pool": pool.contiguous()}, str(tmp))
         tmp.replace(pool_file)
     data_seconds = time.perf_counter() - started
 

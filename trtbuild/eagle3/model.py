@@ -34,7 +34,7 @@ class DraftArch:
 def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, use_safetensors=True)
     model.eval()
     return model
 

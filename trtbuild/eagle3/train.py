@@ -4,25 +4,29 @@ ModelOpt's `HFEagleModel.forward` computes the target's hidden states and logits
 draft `eagle_ttt_steps` times (training-time test) and returns the distillation loss and the
 per-step top-1 agreement with the target. A checkpoint (draft weights, optimizer, step, loss
 history) is written atomically to the resume dir every `checkpoint_every` steps, so a killed run
-continues where it stopped; the batch order is a pure function of the seed.
+continues where it stopped; the batch order is a pure function of the seed. The checkpoint is
+tensors in safetensors and the rest in JSON, never a pickle: the resume dir lies in the cache, and a
+file planted there must not run code on the next build.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from trtbuild.cache import sha256_file
 from trtbuild.eagle3.model import draft_parameters
 from trtbuild.progress import Progress
 
-STATE_FILE = "state.pt"
+STATE_TENSORS = "state.safetensors"
+STATE_META = "state.json"  # step, accuracy, loss, optimizer param groups, and the tensors' sha256
 
 
 @dataclass
@@ -77,10 +81,58 @@ def _lr_at(step: int, plan: TrainPlan) -> float:
     return plan.lr * (plan.min_lr_ratio + (1 - plan.min_lr_ratio) * cosine)
 
 
-def _save_atomically(state: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.optim.Optimizer,
+               accuracy: list[float], loss: float | None) -> None:
+    """Tensors first, then the JSON that names their hash: a kill between the two leaves a pair that
+    `load_state` rejects (it then starts over) instead of a mixed checkpoint."""
+    from safetensors.torch import save_file
+
+    optim = optimizer.state_dict()
+    tensors = {f"draft.{k}": v.detach().contiguous().cpu() for k, v in draft.state_dict().items()}
+    for index, slots in optim["state"].items():
+        for name, value in slots.items():
+            if not isinstance(value, torch.Tensor):
+                value = torch.tensor(value)
+            tensors[f"optim.{index}.{name}"] = value.detach().contiguous().cpu()
+    tensor_file, meta_file = resume_dir / STATE_TENSORS, resume_dir / STATE_META
+    tmp = tensor_file.with_name(f".{tensor_file.name}.{os.getpid()}.tmp")
+    meta_tmp = meta_file.with_name(f".{meta_file.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp))
+        os.replace(tmp, tensor_file)
+        meta = {"step": step, "accuracy": accuracy, "loss": loss, "param_groups": optim["param_groups"],
+                "sha256": sha256_file(tensor_file)}
+        meta_tmp.write_text(json.dumps(meta))
+        os.replace(meta_tmp, meta_file)
+    finally:  # a full disk leaves no partial file (the last complete checkpoint, if any, stays usable)
+        tmp.unlink(missing_ok=True)
+        meta_tmp.unlink(missing_ok=True)
+
+
+def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer
+               ) -> tuple[int, list[float], float | None] | None:
+    """(step, accuracy, loss) after restoring `draft` and `optimizer`, or None when there is no
+    complete checkpoint. Only safetensors and JSON are read (anything else in the dir is ignored)."""
+    from safetensors.torch import load_file
+
+    tensor_file, meta_file = resume_dir / STATE_TENSORS, resume_dir / STATE_META
+    if not (tensor_file.is_file() and meta_file.is_file()):
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+        if meta.get("sha256") != sha256_file(tensor_file):
+            return None
+        tensors = load_file(str(tensor_file))
+    except (OSError, ValueError):
+        return None
+    draft.load_state_dict({k[len("draft."):]: v for k, v in tensors.items() if k.startswith("draft.")})
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, index, name = key.split(".", 2)
+            slots.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    return int(meta["step"]), [float(a) for a in meta["accuracy"]], meta["loss"]
 
 
 def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Path,
@@ -90,13 +142,11 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
     params = draft_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay, betas=(0.9, 0.95))
     order = batch_order(len(pool), plan.steps, plan.batch_size, plan.seed)
-    state_path = Path(resume_dir) / STATE_FILE
+    resume_dir = Path(resume_dir)
     start, smoothed, loss_ema = 0, [], None
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        model.eagle_module.load_state_dict(state["draft"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, smoothed, loss_ema = state["step"], state["accuracy"], state["loss"]
+    restored = load_state(resume_dir, model.eagle_module, optimizer)
+    if restored is not None:
+        start, smoothed, loss_ema = restored
         progress.log(f"draft: resuming training at step {start}/{plan.steps} from {resume_dir}")
 
     model.train()
@@ -123,9 +173,7 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
                         tau=estimated_tau(smoothed, plan.eval_draft_len))
             done = step + 1
             if done % plan.checkpoint_every == 0 and done < plan.steps:
-                _save_atomically({"step": done, "draft": model.eagle_module.state_dict(),
-                                  "optimizer": optimizer.state_dict(), "accuracy": smoothed,
-                                  "loss": loss_ema}, state_path)
+                save_state(resume_dir, done, model.eagle_module, optimizer, smoothed, loss_ema)
     model.eval()
     return TrainResult(steps=plan.steps, resumed_from=start, seconds=time.perf_counter() - began,
                        final_loss=float(loss_ema or 0.0), step_accuracy=smoothed,

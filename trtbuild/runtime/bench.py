@@ -26,22 +26,22 @@ class BenchConfig(StageConfig):
 
     prompts: str = Field("pydoc-heldout", description="'pydoc-heldout', or a .txt (paragraphs "
                          "separated by blank lines) / .jsonl ({\"prompt\": ...}) file")
-    num_prompts: int = Field(8, ge=1, description="prompts decoded by each mode")
-    prompt_len: int = Field(64, ge=1, description="prompt tokens (longer prompts are truncated)")
-    max_new_tokens: int = Field(128, ge=2, description="tokens generated per prompt (no early stop)")
-    max_draft_len: int = Field(5, ge=1, description="draft depth (tokens drafted per step in a chain)")
+    num_prompts: int = Field(8, ge=1, le=10**5, description="prompts decoded by each mode")
+    prompt_len: int = Field(64, ge=1, le=1 << 20, description="prompt tokens (longer prompts are truncated)")
+    max_new_tokens: int = Field(128, ge=2, le=1 << 20, description="tokens generated per prompt (no early stop)")
+    max_draft_len: int = Field(5, ge=1, le=16, description="draft depth (tokens drafted per step in a chain)")
     tree: Literal["chain", "dynamic"] = Field("dynamic", description="chain drafting or a dynamic top-k tree")
-    topk: int = Field(4, ge=1, description="dynamic tree: children per expanded node")
-    max_total_draft_tokens: int = Field(16, ge=1, description="dynamic tree: tokens verified per step")
+    topk: int = Field(4, ge=1, le=64, description="dynamic tree: children per expanded node")
+    max_total_draft_tokens: int = Field(16, ge=1, le=1024, description="dynamic tree: tokens verified per step")
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0, description="chain: stop drafting when the "
                                   "draft's probability of its next token is below this (0: never)")
-    warmup: int = Field(1, ge=0, description="untimed runs of each mode first")
-    threads: int | None = Field(None, ge=1, description="torch threads (default: torch's own)")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (outputs must then be identical)")
+    warmup: int = Field(1, ge=0, le=100, description="untimed runs of each mode first")
+    threads: int | None = Field(None, ge=1, le=1024, description="torch threads (default: torch's own)")
+    temperature: float = Field(0.0, ge=0.0, le=100, description="0 = greedy (outputs must then be identical)")
     draft_norm: Literal["standard", "modelopt"] = Field(
         "standard", description="EAGLE-3 first-layer hidden norm: TRT-LLM's (what the draft stage "
         "trains), or stock ModelOpt's doubled norm")
-    seed: int = Field(0, description="sampling seed (temperature > 0)")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="sampling seed (temperature > 0)")
 
 
 def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:

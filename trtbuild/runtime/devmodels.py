@@ -85,7 +85,7 @@ def train_eagle3_draft(target_dir: Path, out_dir: Path, *, steps: int = 150, see
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True)
     cfg = model.config
     vocab = cfg.vocab_size
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -13,15 +13,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from trtbuild.progress import Progress
 
 
-class StageConfig(BaseModel):
-    """Base of every stage's recipe section: unknown keys are errors."""
+def reject_bool_number(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """`steps: true` is not 1: a YAML boolean given to a number field is an error, not a coercion."""
+    if isinstance(value, bool) and info.field_name in model.model_fields:
+        accepts = _scalar_types(model.model_fields[info.field_name].annotation)
+        if bool not in accepts and accepts & {int, float}:
+            raise ValueError(f"{str(value).lower()} is a boolean, not a number")
+    return value
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+def _scalar_types(annotation: Any) -> set[type]:
+    from typing import get_args
+
+    args = get_args(annotation)
+    if not args:
+        return {annotation} if isinstance(annotation, type) else set()
+    return {t for arg in args for t in _scalar_types(arg)}
+
+
+class StageConfig(BaseModel):
+    """Base of every stage's recipe section: unknown keys are errors, numbers are finite numbers."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_bool_number(cls, value, info)
 
 
 @dataclass(frozen=True)

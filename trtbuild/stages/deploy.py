@@ -46,8 +46,36 @@ class TrtllmTargetOptions(StageConfig):
                               "the bundle there; on a bare host, give the bundle's absolute path).")
     all_models_dir: str = Field(default="/app/all_models", description="TensorRT-LLM's Triton models in the "
                                 "image; the launcher copies their model.py files into the repository.")
-    cancellation_check_period_ms: int = Field(default=100, ge=1, description="How often cancelled "
+    cancellation_check_period_ms: int = Field(default=100, ge=1, le=60000, description="How often cancelled "
                                               "requests are looked for.")
+    publish_address: str = Field(default="127.0.0.1", description="Host address the container's ports are "
+                                 "published on (docker -p ADDRESS:PORT:PORT); 0.0.0.0 opens them to the network.")
+
+    @field_validator("image", "bundle_mount", "all_models_dir")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        from trtbuild.shell import has_control
+
+        if not value or has_control(value) or any(c.isspace() for c in value):
+            raise ValueError(f"{value!r} must be non-empty, without whitespace or control characters")
+        return value
+
+    @field_validator("bundle_mount", "all_models_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or ":" in value:
+            raise ValueError(f"{value!r} must be an absolute path in the container, without ':'")
+        return value
+
+    @field_validator("publish_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, or 0.0.0.0 for all)") from None
 
 
 class LocalTargetOptions(StageConfig):
@@ -55,11 +83,13 @@ class LocalTargetOptions(StageConfig):
                               "greedy output is identical either way, only faster.")
     speculation: Literal["chain", "tree"] = Field(default="chain", description="Draft shape: a chain of "
                                                   "max_draft_len tokens or a tree.")
-    default_max_tokens: int = Field(default=64, ge=1, description="Tokens generated when a request does not "
+    default_max_tokens: int = Field(default=64, ge=1, le=1 << 20, description="Tokens generated when a request does not "
                                     "say (max_tokens).")
-    max_tokens_limit: int = Field(default=1024, ge=1, description="Requests asking for more are refused "
+    max_tokens_limit: int = Field(default=1024, ge=1, le=1 << 20, description="Requests asking for more are refused "
                                   "(HTTP 400).")
-    num_threads: int | None = Field(default=None, ge=1, description="torch threads of the model process "
+    max_prompt_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="Prompts longer than this "
+                                  "(UTF-8 bytes) are refused (HTTP 400) before they are decoded or tokenized.")
+    num_threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads of the model process "
                                     "(default: torch's own choice).")
 
 
@@ -68,20 +98,20 @@ class DeployConfig(StageConfig):
                                  "write: trtllm (TensorRT-LLM's Triton backend) and/or local (the project's "
                                  "runtime behind the python backend, for CPU rehearsal).")
     model_name: str = Field(default="llm", description="Name clients call (/v2/models/<name>/generate).")
-    max_batch_size: int | None = Field(default=None, ge=1, description="Most requests batched together; "
+    max_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Most requests batched together; "
                                        "default and upper bound: the engine's max_batch_size.")
-    instance_count: int = Field(default=1, ge=1, description="Model instances (instance_group count).")
+    instance_count: int = Field(default=1, ge=1, le=64, description="Model instances (instance_group count).")
     decoupled: bool = Field(default=True, description="Decoupled transaction policy: token streaming "
                             "(generate_stream, gRPC streams). Plain HTTP /infer needs it off.")
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, description="Dynamic batcher: how long a "
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10**9, description="Dynamic batcher: how long a "
                                               "request may wait for others to batch with.")
-    max_queue_size: int = Field(default=0, ge=0, description="Requests queued before new ones are refused "
+    max_queue_size: int = Field(default=0, ge=0, le=10**7, description="Requests queued before new ones are refused "
                                 "(0: unbounded).")
     tokenizer: TokenizerOptions = Field(default_factory=TokenizerOptions, description="Tokenizer options.")
     http_port: int = Field(default=8000, ge=1, le=65535, description="HTTP port (127.0.0.1 for `serve`).")
     grpc_port: int = Field(default=8001, ge=1, le=65535, description="gRPC port.")
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Prometheus metrics port.")
-    exit_timeout_s: int = Field(default=30, ge=1, description="On shutdown, how long in-flight requests may "
+    exit_timeout_s: int = Field(default=30, ge=1, le=86400, description="On shutdown, how long in-flight requests may "
                                 "take to finish.")
     trtllm: TrtllmTargetOptions = Field(default_factory=TrtllmTargetOptions, description="trtllm target.")
     local: LocalTargetOptions = Field(default_factory=LocalTargetOptions, description="local target.")

@@ -36,10 +36,10 @@ class DraftGate(StageConfig):
 class DraftEval(StageConfig):
     dataset: TextSource = Field(default=TextSource(kind="pydoc"), description="Held-out text the prompts "
                                 "come from (its eval split: pydoc's held-out paragraphs).")
-    prompts: int = Field(default=8, ge=0, description="Number of prompts; 0 skips the evaluation "
+    prompts: int = Field(default=8, ge=0, le=10**5, description="Number of prompts; 0 skips the evaluation "
                          "(then no gate can be checked).")
-    prompt_len: int = Field(default=32, ge=1, description="Prompt length in tokens.")
-    new_tokens: int = Field(default=96, ge=1, description="Tokens generated per prompt (greedy target).")
+    prompt_len: int = Field(default=32, ge=1, le=1 << 20, description="Prompt length in tokens.")
+    new_tokens: int = Field(default=96, ge=1, le=1 << 20, description="Tokens generated per prompt (greedy target).")
     mode: Literal["chain", "tree"] = Field(default="chain", description="Speculation shape used by the "
                                            "runtime: one chain of max_draft_len tokens, or a tree.")
 
@@ -60,28 +60,28 @@ class DraftConfig(StageConfig):
         default=None, description="Target layers whose hidden states feed the draft. Default: TRT-LLM's "
         "{1, L/2-1, L-4}, clipped and de-duplicated.")
     draft_vocab_size: int | None = Field(
-        default=None, ge=1, description="Draft vocabulary: the most frequent target tokens of the training "
+        default=None, ge=1, le=1 << 24, description="Draft vocabulary: the most frequent target tokens of the training "
         "data (d2t). Default: the full vocab.")
-    intermediate_size: int | None = Field(default=None, ge=1, description="Draft MLP width. Default: the "
+    intermediate_size: int | None = Field(default=None, ge=1, le=1 << 20, description="Draft MLP width. Default: the "
                                           "target's.")
     dataset: TextSource = Field(
         default=TextSource(kind="pydoc"), description="Training text (train split): pydoc, a .txt/.jsonl "
         "file (chat jsonl rendered with the chat template), or hf.")
-    samples: int = Field(default=512, ge=1, description="Training sequences in the pool.")
+    samples: int = Field(default=512, ge=1, le=10**7, description="Training sequences in the pool.")
     distill_fraction: float = Field(default=0.5, ge=0.0, le=1.0, description="Share of the pool that is the "
                                     "target's own greedy continuation of training-text prompts.")
-    prompt_len: int = Field(default=16, ge=1, description="Prompt tokens of each generated sequence.")
-    steps: int | None = Field(default=None, ge=1, description="Optimizer steps; default: epochs x samples / "
+    prompt_len: int = Field(default=16, ge=1, le=1 << 20, description="Prompt tokens of each generated sequence.")
+    steps: int | None = Field(default=None, ge=1, le=10**8, description="Optimizer steps; default: epochs x samples / "
                               "batch_size.")
-    epochs: float = Field(default=1.0, gt=0, description="Passes over the pool when `steps` is unset.")
-    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW, warmup then cosine).")
-    batch_size: int = Field(default=8, ge=1, description="Sequences per step.")
-    seq_len: int = Field(default=128, ge=8, description="Tokens per training sequence.")
+    epochs: float = Field(default=1.0, gt=0, le=1e4, description="Passes over the pool when `steps` is unset.")
+    lr: float = Field(default=1e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")
+    batch_size: int = Field(default=8, ge=1, le=1 << 16, description="Sequences per step.")
+    seq_len: int = Field(default=128, ge=8, le=1 << 20, description="Tokens per training sequence.")
     ttt_steps: int = Field(default=3, ge=1, le=8, description="Training-time-test unroll length (draft "
                            "steps trained on its own outputs).")
     loss_decay: float = Field(default=0.9, gt=0, le=1, description="Loss weight decay per unroll step.")
-    seed: int = Field(default=0, description="Seed of data sampling, initialisation and batch order.")
-    checkpoint_every: int = Field(default=25, ge=1, description="Steps between resume checkpoints.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of data sampling, initialisation and batch order.")
+    checkpoint_every: int = Field(default=25, ge=1, le=10**8, description="Steps between resume checkpoints.")
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="dtype of the exported draft; auto: the target's.")
     gate: DraftGate = Field(default_factory=DraftGate, description="Build gate on the acceptance length.")
@@ -195,9 +195,12 @@ class DraftStage(Stage):
         }
         metrics: dict[str, Any] = {"source": config.source, "max_draft_len": config.max_draft_len}
         if config.source == "train":
+            from trtbuild.cache import resume_in_use
             from trtbuild.eagle3.build import train_draft
 
-            trained = train_draft(config, ctx, target_dir, out, resume_dir(config, model_artifact.key))
+            resume = resume_dir(config, model_artifact.key)
+            with resume_in_use(resume):  # `cache gc` leaves the resume dir alone while this trains
+                trained = train_draft(config, ctx, target_dir, out, resume)
             metrics.update(trained["metrics"])
             info.update(trained["info"])
         else:
@@ -229,8 +232,12 @@ class DraftStage(Stage):
             if not directory.is_dir():
                 raise UserError(f"directory not found: {directory}", field="draft.path",
                                 fix="give an existing EAGLE-3 draft directory")
-            return directory
-        return _hub_dir(config)
+        else:
+            directory = _hub_dir(config)
+        from trtbuild.stages.model import refuse_pickles
+
+        refuse_pickles(directory, _where(config))
+        return directory
 
 
 def _where(config: DraftConfig) -> str:

@@ -36,19 +36,23 @@ class KvCacheSettings(StageConfig):
     dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field(
         default="auto", description="KV cache dtype; auto follows the checkpoint (FP8 when the quantize "
         "stage calibrated FP8 KV scales).")
-    tokens_per_block: int = Field(default=32, ge=1, description="Tokens per paged KV block.")
+    tokens_per_block: int = Field(default=32, ge=1, le=1 << 16, description="Tokens per paged KV block.")
+
+
+_SLURM_WORD = r"^[A-Za-z0-9][A-Za-z0-9._,+-]*$"  # anchored: pydantic patterns search
 
 
 class SlurmSettings(StageConfig):
-    partition: str | None = Field(default=None, description="#SBATCH -p.")
-    account: str | None = Field(default=None, description="#SBATCH -A.")
-    time_limit: str = Field(default="01:00:00", description="#SBATCH -t (HH:MM:SS).")
-    job_name: str = Field(default="trtllm-serve", description="#SBATCH -J.")
+    partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
+    account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
+    time_limit: str = Field(default="01:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$", description="#SBATCH -t "
+                            "([D-]HH:MM:SS).")
+    job_name: str = Field(default="trtllm-serve", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
 
 
 class LauncherSettings(StageConfig):
-    nodes: int = Field(default=1, ge=1, description="Nodes the deployment spans; > 1 uses mpirun or Slurm.")
-    gpus_per_node: int = Field(default=8, ge=1, description="GPUs per node (one MPI rank each).")
+    nodes: int = Field(default=1, ge=1, le=4096, description="Nodes the deployment spans; > 1 uses mpirun or Slurm.")
+    gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node (one MPI rank each).")
     host: str = Field(default="localhost", description="Address trtllm-serve binds (TRTBUILD_HOST "
                       "overrides at launch).")
     port: int = Field(default=8000, ge=1, le=65535, description="Port of trtllm-serve (TRTBUILD_PORT "
@@ -58,6 +62,34 @@ class LauncherSettings(StageConfig):
                                         "--container-image (pyxis): nvcr.io/nvidia/tensorrt-llm/release.")
     container_mounts: list[str] = Field(default_factory=list, description="Extra SRC:DST mounts for the "
                                         "container (the bundle itself is always mounted).")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9.:_\[\]-]{1,253}", value):
+            raise ValueError(f"{value!r} is not a host name or address")
+        return value
+
+    @field_validator("container_image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        from trtbuild.shell import has_control
+
+        if value is not None and (not value or has_control(value) or any(c.isspace() for c in value)):
+            raise ValueError(f"{value!r} must be an image reference without whitespace or control characters")
+        return value
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, mounts: list[str]) -> list[str]:
+        from trtbuild.shell import has_control
+
+        for mount in mounts:
+            if has_control(mount) or "," in mount or mount.count(":") not in (1, 2) or mount.startswith(":"):
+                raise ValueError(f"{mount!r} is not a SRC:DST[:FLAGS] mount (no ',' or control characters)")
+        return mounts
 
 
 class GemmPluginSettings(StageConfig):
@@ -96,14 +128,14 @@ class EngineConfig(StageConfig):
         "deploy.trtllm.image names (tritonserver:25.12-trtllm-python-py3 ships 1.1.0).")
     backend: str = Field(default="pytorch", description="pytorch: TensorRT-LLM's LLM-API path, which loads "
                          "the HF checkpoint directly (the only backend; the TensorRT-engine one was removed).")
-    max_batch_size: int = Field(default=8, ge=1, description="Most requests in flight (max_batch_size).")
-    max_seq_len: int | None = Field(default=None, ge=1, description="Prompt + output tokens per request; "
+    max_batch_size: int = Field(default=8, ge=1, le=1 << 16, description="Most requests in flight (max_batch_size).")
+    max_seq_len: int | None = Field(default=None, ge=1, le=1 << 24, description="Prompt + output tokens per request; "
                                     "default: the model's max_position_embeddings.")
-    max_num_tokens: int = Field(default=8192, ge=1, description="Most tokens in one forward pass "
+    max_num_tokens: int = Field(default=8192, ge=1, le=1 << 24, description="Most tokens in one forward pass "
                                 "(max_num_tokens); with speculation each request needs 1 + draft_len.")
-    tensor_parallel: int = Field(default=1, ge=1, description="Tensor parallel size (tensor_parallel_size).")
-    pipeline_parallel: int = Field(default=1, ge=1, description="Pipeline parallel size.")
-    expert_parallel: int = Field(default=1, ge=1, description="Expert parallel size of MoE layers "
+    tensor_parallel: int = Field(default=1, ge=1, le=1024, description="Tensor parallel size (tensor_parallel_size).")
+    pipeline_parallel: int = Field(default=1, ge=1, le=1024, description="Pipeline parallel size.")
+    expert_parallel: int = Field(default=1, ge=1, le=1024, description="Expert parallel size of MoE layers "
                                  "(moe_expert_parallel_size); must divide tensor_parallel.")
     enable_attention_dp: bool = Field(default=False, description="Data-parallel attention across the "
                                       "tensor-parallel ranks (MoE throughput setups).")
@@ -114,7 +146,7 @@ class EngineConfig(StageConfig):
         "those batch sizes; false: off (cuda_graph_config: null).")
     cuda_graph_padding: bool = Field(default=False, description="Pad batches up to a captured size.")
     kv_cache: KvCacheSettings = Field(default_factory=KvCacheSettings, description="KV cache options.")
-    draft_len: int | None = Field(default=None, ge=1, description="Draft tokens per step at serve time "
+    draft_len: int | None = Field(default=None, ge=1, le=16, description="Draft tokens per step at serve time "
                                   "(speculative_config.max_draft_len); default: draft.max_draft_len.")
     eagle3_one_model: bool = Field(default=True, description="Run the EAGLE-3 draft inside the target's "
                                    "executor (faster) rather than as a second model.")
@@ -124,7 +156,8 @@ class EngineConfig(StageConfig):
     require_tensorrt_llm: bool = Field(default=False, description="Fail when tensorrt_llm is not importable "
                                        "instead of writing the bundle without the build / load check.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the server process, "
-                                "e.g. {TRTLLM_ENABLE_PDL: '1'}.")
+                                "e.g. {TRTLLM_ENABLE_PDL: '1'}. `${env:NAME}` values stay references, resolved "
+                                "by the launch scripts at launch: secrets such as HF_TOKEN are never written.")
     llm_api_options: dict[str, Any] = Field(default_factory=dict, description="Further LLM() arguments "
                                             "merged into llm_api_options.yaml (checked against the typed "
                                             "model: unknown keys are errors).")
@@ -165,9 +198,14 @@ class EngineConfig(StageConfig):
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         import re
 
+        from trtbuild.shell import has_control
+
         bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
         if bad:
             raise ValueError(f"'{bad[0]}' is not an environment variable name")
+        bad = [k for k, v in env.items() if has_control(v)]
+        if bad:
+            raise ValueError(f"the value of {bad[0]} holds a control character (a newline?)")
         return env
 
     @field_validator("llm_api_options")

@@ -182,18 +182,39 @@ def _fingerprint(directory: Path) -> list[list[Any]]:
     return rows
 
 
+# Files that hold Python pickles (loading one can run any code): a model directory holding one is
+# refused outright, so no loader's fallback can ever reach it.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
+
+
+def pickle_files(directory: Path) -> list[Path]:
+    """Pickle-format files anywhere under `directory` (symlinked files included), sorted."""
+    return sorted(p for p in directory.rglob("*") if p.name.lower().endswith(PICKLE_SUFFIXES) and p.is_file())
+
+
+def refuse_pickles(directory: Path, where: str) -> None:
+    found = pickle_files(directory)
+    if found:
+        names = ", ".join(str(p.relative_to(directory)) for p in found[:3]) + (" ..." if len(found) > 3 else "")
+        raise UserError(f"{directory} holds pickle files ({names}); trtbuild loads safetensors only and refuses "
+                        "a directory where a loader could fall back to a pickle", field=where,
+                        fix="delete or move those files out of the directory (convert to safetensors first if "
+                        "they are the only weights)")
+
+
 def check_hf_directory(directory: Path, config: ModelConfig, where: str) -> dict[str, Any]:
     """Refuse what we cannot or must not load; return config.json."""
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise UserError(f"{directory} has no config.json", field=where,
                         fix="point at a Hugging Face model directory")
-    hf_config = json.loads(config_file.read_text())
+    hf_config, error = _read_config(config_file)
+    if hf_config is None:
+        raise UserError(f"{error}", field=where, fix="restore the model's config.json")
+    refuse_pickles(directory, where)
     weights = list(directory.glob("*.safetensors"))
     if not weights:
-        others = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt")]
-        detail = f" (found {', '.join(sorted(others)[:3])})" if others else ""
-        raise UserError(f"{directory} has no *.safetensors weights{detail}; only safetensors are loaded",
+        raise UserError(f"{directory} has no *.safetensors weights; only safetensors are loaded",
                         field=where, fix="convert the checkpoint to safetensors")
     if hf_config.get("auto_map") and not config.trust_remote_code:
         raise UserError(f"{directory} needs custom code (config.json auto_map) and trust_remote_code is off",

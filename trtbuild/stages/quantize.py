@@ -43,23 +43,23 @@ class CalibrationConfig(StageConfig):
     dataset: TextSource = Field(default_factory=lambda: TextSource(kind="pydoc"),
                                 description="Calibration text: `pydoc` (train split), a .txt/.jsonl path, "
                                 "or {hf: name, ...} from the local Hugging Face cache.")
-    num_samples: int = Field(default=128, gt=0, description="Token windows fed through the model.")
-    seq_len: int = Field(default=256, gt=1, description="Tokens per calibration window.")
-    batch_size: int = Field(default=8, gt=0, description="Windows per forward pass.")
-    seed: int = Field(default=0, description="Seed of the window sampling (deterministic).")
+    num_samples: int = Field(default=128, gt=0, le=10**7, description="Token windows fed through the model.")
+    seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per calibration window.")
+    batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the window sampling (deterministic).")
 
 
 class GateConfig(StageConfig):
-    max_perplexity_ratio: float = Field(default=1.02, gt=0,
+    max_perplexity_ratio: float = Field(default=1.02, gt=0, le=1000,
                                         description="Fail the build when FP8 perplexity / base perplexity "
                                         "on the eval split exceeds this.")
     eval_dataset: TextSource = Field(default_factory=lambda: TextSource(kind="pydoc"),
                                      description="Evaluation text: `pydoc` uses its held-out split.")
-    eval_samples: int | None = Field(default=None, gt=0,
+    eval_samples: int | None = Field(default=None, gt=0, le=10**7,
                                      description="Consecutive windows of the eval text to score "
                                      "(default: all of it).")
-    seq_len: int = Field(default=256, gt=1, description="Tokens per evaluation window.")
-    batch_size: int = Field(default=8, gt=0, description="Windows per forward pass during evaluation.")
+    seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per evaluation window.")
+    batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass during evaluation.")
 
 
 class QuantizeConfig(StageConfig):
@@ -141,7 +141,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", use_safetensors=True).to(device).eval()
     max_positions = getattr(model.config, "max_position_embeddings", None)
     for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
                            ("quantize.gate.seq_len", config.gate.seq_len)):

@@ -19,6 +19,7 @@ from typing import Any
 
 from trtbuild.contract import load_contract
 from trtbuild.contract import validate as cv
+from trtbuild.shell import Raw, comment_safe, default_assignment, env_exports, quote, word
 from trtbuild.triton.bundle_info import BundleInfo
 
 CONTAINER_REPO_SRC = "/opt/trtbuild/repo_src"
@@ -42,16 +43,17 @@ def tritonserver_argv(exit_timeout_s: int) -> list[str]:
 def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[str, Any]) -> str:
     name = repo_info["entry_model"]
     needed = "$ALL_MODELS/llmapi/tensorrt_llm/1/model.py"
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(bundle.env.items()))
+    exports = env_exports(bundle.env)
     if bundle.python_path:  # the bundle's GEMM-plugin module: its sitecustomize patches TensorRT-LLM's
         # FP8 linears in the python-backend stub and every rank it starts
         module = bundle.mapped(bundle.python_path, config.trtllm.bundle_mount)
-        exports += f'export PYTHONPATH={shlex.quote(module)}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        exports += f'export PYTHONPATH={quote(module)}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return (
         "#!/usr/bin/env bash\n"
         "# Written by trtbuild. Runs inside the Triton TRT-LLM image (see triton_trtllm.sh).\n"
         "set -euo pipefail\n"
-        f'ALL_MODELS="${{TRTBUILD_ALL_MODELS:-{config.trtllm.all_models_dir}}}"\n'
+        + default_assignment("TRTBUILD_ALL_MODELS", config.trtllm.all_models_dir)
+        + 'ALL_MODELS="$TRTBUILD_ALL_MODELS"\n'
         f"REPO={CONTAINER_REPO}\n"
         f'if [ ! -f "{needed}" ]; then\n'
         f'  echo "error: {needed} not found; set deploy.trtllm.all_models_dir to where this image keeps '
@@ -66,29 +68,36 @@ def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[s
 
 
 def docker_script(config: Any, bundle: BundleInfo) -> str:
+    """Every recipe value is quoted; ports are published on deploy.trtllm.publish_address only
+    (127.0.0.1 unless the recipe opens them wider)."""
     mount = config.trtllm.bundle_mount
     env_flags = "".join(f" -e {k}" for k in sorted(bundle.env))
     http, grpc, metrics = config.http_port, config.grpc_port, config.metrics_port
+    address = getattr(config.trtllm, "publish_address", "127.0.0.1")
+    host = f"[{address}]" if ":" in address else address
+    bundle_volume = word(Raw('"$BUNDLE"'), f":{mount}:ro")
+    publish = " ".join(f"-p {quote(f'{host}:{port}:{inner}')}"
+                       for port, inner in zip((http, grpc, metrics), CONTAINER_PORTS, strict=True))
     return (
         "#!/usr/bin/env bash\n"
-        f"# Written by trtbuild: serves repo_trtllm/ with {config.trtllm.image}\n"
-        f"# on {bundle.world_size} GPU(s). Ports: HTTP {http}, gRPC {grpc}, metrics {metrics}.\n"
+        f"# Written by trtbuild: serves repo_trtllm/ with {comment_safe(config.trtllm.image)}\n"
+        f"# on {bundle.world_size} GPU(s). Ports on {comment_safe(address)}: HTTP {http}, gRPC {grpc}, "
+        f"metrics {metrics}.\n"
         "# Override the image with TRTBUILD_TRITON_IMAGE, the docker binary with DOCKER.\n"
         "set -euo pipefail\n"
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         'DEPLOY="$(dirname "$HERE")"\n'
         'BUNDLE="$(readlink -f "$DEPLOY/bundle")"\n'
-        f'IMAGE="${{TRTBUILD_TRITON_IMAGE:-{config.trtllm.image}}}"\n'
-        + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(bundle.env.items()))
+        + default_assignment("TRTBUILD_TRITON_IMAGE", config.trtllm.image)
+        + env_exports(bundle.env)
         + 'exec "${DOCKER:-docker}" run --rm --gpus all --ipc=host --shm-size=2g \\\n'
         "  --ulimit memlock=-1 --ulimit stack=67108864 \\\n"
-        f"  -p {http}:{CONTAINER_PORTS[0]} -p {grpc}:{CONTAINER_PORTS[1]} "
-        f"-p {metrics}:{CONTAINER_PORTS[2]} \\\n"
-        f'  -v "$BUNDLE:{mount}:ro" \\\n'
+        f"  {publish} \\\n"
+        f"  -v {bundle_volume} \\\n"
         f'  -v "$DEPLOY/repo_trtllm:{CONTAINER_REPO_SRC}:ro" \\\n'
         f'  -v "$HERE:{CONTAINER_LAUNCH}:ro" \\\n'
-        f"  -e TRTBUILD_ALL_MODELS={shlex.quote(config.trtllm.all_models_dir)}{env_flags} \\\n"
-        f'  "$IMAGE" bash {CONTAINER_LAUNCH}/start_in_container.sh "$@"\n'
+        f"  -e {shlex.quote('TRTBUILD_ALL_MODELS=' + config.trtllm.all_models_dir)}{env_flags} \\\n"
+        f'  "$TRTBUILD_TRITON_IMAGE" bash {CONTAINER_LAUNCH}/start_in_container.sh "$@"\n'
     )
 
 

@@ -9,7 +9,12 @@ Protocol (KServe v2 tensors, also reachable through the generate / generate_stre
 Decoupled (the default), requests go to a worker thread that decodes them one after the other and
 streams a response per decode step when `stream` is true, or sends one response with all the text
 (what /generate needs). Without the decoupled policy, `execute` answers each request itself.
-Bad values are answered with INVALID_ARG, which HTTP clients see as a 400 with the message.
+Bad values are answered with INVALID_ARG, which HTTP clients see as a 400 with the message: a
+value of the wrong type too, and a prompt over `max_prompt_bytes` (checked on the raw bytes, before
+decoding or tokenizing). Non-streaming generations are decoded step by step like streams, so an
+abandoned request (cancelled by its client) stops within CANCEL_CHECK_S. On shutdown the server
+creates the file named by TRTBUILD_DRAIN_FILE when the drain time is up: requests in flight end then
+(streams with their last piece sent, others with UNAVAILABLE), queued ones are answered UNAVAILABLE.
 
 The model's parameters (config.pbtxt) name the bundle's directories relative to this model's
 directory; the runtime and transformers come from the environment the stub runs in.
@@ -18,6 +23,7 @@ directory; the runtime and transformers come from the environment the stub runs 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -29,6 +35,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 CANCEL_CHECK_S = 0.05  # a cancelled stream stops within one decode step of this
+DEFAULT_MAX_PROMPT_BYTES = 1 << 20
+_KINDS = {int: "iu", float: "iuf", bool: "b"}  # numpy dtype kinds each Python type accepts
 
 
 class BadRequest(Exception):
@@ -42,7 +50,25 @@ def _scalar(request: Any, name: str, kind: type, default: Any) -> Any:
     values = tensor.as_numpy().reshape(-1)
     if values.size != 1:
         raise BadRequest(f"{name} must be a single value, got {values.size}")
-    return kind(values[0])
+    if values.dtype.kind not in _KINDS.get(kind, values.dtype.kind):
+        raise BadRequest(f"{name} must be {'a boolean' if kind is bool else 'a number'}, got {values.dtype}")
+    try:
+        value = kind(values[0])
+    except (TypeError, ValueError, OverflowError):
+        raise BadRequest(f"{name}: {values[0]!r} is not a valid {kind.__name__}") from None
+    if kind is float and value != value:
+        raise BadRequest(f"{name} must be a number, got NaN")
+    return value
+
+
+def draining() -> bool:
+    """True once the server's drain time is up (see the module docstring)."""
+    flag = os.environ.get("TRTBUILD_DRAIN_FILE")
+    return bool(flag) and os.path.exists(flag)
+
+
+class Stopped(Exception):
+    """The request was cancelled by its client, or the server is shutting down."""
 
 
 class TritonPythonModel:
@@ -56,6 +82,7 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.default_max_tokens = int(params["default_max_tokens"])
         self.max_tokens_limit = int(params["max_tokens_limit"])
+        self.max_prompt_bytes = int(params.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES)
         self.generator = generator_from_params(params, model_dir)
         self._warm_up()
         self.work: queue.Queue[Any] = queue.Queue()
@@ -86,6 +113,11 @@ class TritonPythonModel:
         if prompts.size != 1:
             raise BadRequest(f"send one prompt per request (got {prompts.size})")
         raw = prompts[0]
+        size = len(raw) if isinstance(raw, bytes | str) else 0
+        if size > self.max_prompt_bytes:
+            raise BadRequest(f"text_input is {size} bytes; this deployment takes at most {self.max_prompt_bytes}")
+        if not isinstance(raw, bytes | str):
+            raise BadRequest("text_input must be a string")
         try:
             prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         except UnicodeDecodeError:
@@ -120,9 +152,13 @@ class TritonPythonModel:
                                                           pb_utils.Tensor("output_ids", tokens)])
 
     @staticmethod
-    def error(message: str, bad_request: bool) -> Any:
-        code = pb_utils.TritonError.INVALID_ARG if bad_request else pb_utils.TritonError.INTERNAL
+    def error(message: str, bad_request: bool, code: Any = None) -> Any:
+        if code is None:
+            code = pb_utils.TritonError.INVALID_ARG if bad_request else pb_utils.TritonError.INTERNAL
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+    def unavailable(self, message: str) -> Any:
+        return self.error(message, False, getattr(pb_utils.TritonError, "UNAVAILABLE", None))
 
     def answer(self, request: Any) -> Any:
         """The whole generation as one response (non-streaming)."""
@@ -159,25 +195,44 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            gen, stream = self.parse(request)
-            if not stream:
-                result = self.generator.generate(gen)
-                self.outbox.put((sender, self.response(result.text, result.ids), final))
+            if draining():
+                self.outbox.put((sender, self.unavailable("the server is shutting down"), final))
                 return
-            checked = time.monotonic()
-            for chunk in self.generator.stream(gen):
-                # is_cancelled() is a round trip to the server: ask every CANCEL_CHECK_S, not per chunk
-                if time.monotonic() - checked >= CANCEL_CHECK_S:
-                    if sender.is_cancelled():
-                        break
-                    checked = time.monotonic()
-                self.outbox.put((sender, self.response(chunk.text, chunk.ids), 0))
-            self.outbox.put((sender, None, final))
+            gen, stream = self.parse(request)
+            ids: list[int] = []
+            texts: list[str] = []
+            try:
+                for chunk in self._steps(gen, sender):
+                    if stream:
+                        self.outbox.put((sender, self.response(chunk.text, chunk.ids), 0))
+                    else:
+                        ids.extend(chunk.ids)
+                        texts.append(chunk.text)
+            except Stopped as stop:
+                # Cancelled: only the final flag; cut by the drain: say so (a stream keeps what it got).
+                self.outbox.put((sender, self.unavailable(str(stop)) if str(stop) else None, final))
+                return
+            self.outbox.put((sender, None if stream else self.response("".join(texts), ids), final))
         except (BadRequest, UserError) as exc:
             self.outbox.put((sender, self.error(str(exc), bad_request=True), final))
         except Exception as exc:
             pb_utils.Logger.log_error(traceback.format_exc())
             self.outbox.put((sender, self.error(f"generation failed: {exc}", bad_request=False), final))
+
+    def _steps(self, gen: Any, sender: Any) -> Any:
+        """The generator's chunks; stops (raising Stopped) when the client cancels or the drain time
+        is up. is_cancelled() is a round trip to the server: asked every CANCEL_CHECK_S, not per chunk."""
+        if sender.is_cancelled():  # abandoned while it waited in the queue: do not start it at all
+            raise Stopped("")
+        checked = time.monotonic()
+        for chunk in self.generator.stream(gen):
+            if time.monotonic() - checked >= CANCEL_CHECK_S:
+                if sender.is_cancelled():
+                    raise Stopped("")  # nobody is listening: send nothing but the final flag
+                if draining():
+                    raise Stopped("the server is shutting down; the generation was cut")
+                checked = time.monotonic()
+            yield chunk
 
     def _send_loop(self) -> None:
         """Sends (sender, response or None, flags) in order. A send waits for the server to take

@@ -58,6 +58,7 @@ def local_config(config: Any, bundle: BundleInfo, model_dir: Path, bundle_link: 
         "skip_special_tokens": "true" if config.tokenizer.skip_special_tokens else "false",
         "default_max_tokens": str(min(config.local.default_max_tokens, config.local.max_tokens_limit)),
         "max_tokens_limit": str(config.local.max_tokens_limit),
+        "max_prompt_bytes": str(config.local.max_prompt_bytes),
         "num_threads": str(config.local.num_threads or ""),
     }
     return {

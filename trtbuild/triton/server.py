@@ -10,9 +10,18 @@ pytriton/server/triton_server.py):
 - the stub's interpreter finds its prefix from PATH: the environment's `bin` goes first, which
   makes the stub use this virtual environment's site-packages (torch, the runtime).
 
-The server binds 127.0.0.1 only. SIGINT/SIGTERM make tritonserver stop accepting requests, finish
-the ones in flight (up to `exit_timeout_s`), unload the models (their stubs exit) and exit; if
-anything of its process group is still alive after that, it is killed, so no child outlives `stop`.
+The server binds 127.0.0.1 only, and clients reach its HTTP endpoint through trtbuild's validating
+front (trtbuild.triton.front: body size, JSON depth, routes, field types, cancellation of abandoned
+requests). tritonserver itself restricts the shared-memory, model-repository, logging and trace APIs
+(HTTP and gRPC) to a header only this process knows, runs with umask 077 (its shared-memory regions
+are private to its user) and names its python-backend regions with a prefix of its own.
+
+Stopping (SIGINT/SIGTERM to `serve`): the front refuses new requests, tritonserver gets SIGINT and
+finishes the requests in flight for up to `exit_timeout_s`; when that time is up the drain file is
+created and the model cuts what still runs (trtbuild.triton.local_model), so tritonserver never hits
+its own exit timeout with requests in flight (2.51 then crashed and left /dev/shm regions behind).
+Anything of its process group still alive after that is killed and its /dev/shm regions removed, so
+no child and no region outlives `stop`. `serve` restarts a tritonserver that died, saying why.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -33,10 +43,15 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtbuild.errors import BuildError, UserError
 
 HOST = "127.0.0.1"
+DRAIN_MARGIN_S = 15  # after the drain file: time for the model to cut its requests and unload
+MAX_BODY_BYTES = 8 << 20
+MAX_JSON_DEPTH = 32
+RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
 # Error lines every CPU-only start prints; they are not why a start failed.
 _BENIGN = ("CudaDriverHelper has not been initialized",)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the trtbuild package
@@ -142,11 +157,13 @@ def prepare_backends(dist: TritonDist, where: Path) -> Path:
 
 
 class TritonServer:
-    """One tritonserver process on 127.0.0.1. Use as a context manager or start()/stop()."""
+    """One tritonserver process on 127.0.0.1 behind the validating front (HTTP). Use as a context
+    manager or start()/stop()."""
 
     def __init__(self, repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int = 8001,
                  metrics_port: int = 8002, log_file: Path | None = None, exit_timeout_s: int = 30,
-                 auto_complete_config: bool = False, log_verbose: int = 0) -> None:
+                 auto_complete_config: bool = False, log_verbose: int = 0, front: bool = True,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_json_depth: int = MAX_JSON_DEPTH) -> None:
         self.repositories = [Path(r).resolve() for r in repositories]
         ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
         self.endpoints = Endpoints(*ports)
@@ -159,6 +176,11 @@ class TritonServer:
         self._log_path: Path | None = None
         self.last_pid: int | None = None  # the server's pid (and process group), kept after stop()
         self._failed = False
+        self._admin_key = secrets.token_hex(16)  # the header that unlocks the restricted APIs: never sent
+        self.shm_prefix = f"trtbuild_{secrets.token_hex(6)}_"
+        self._front: Any = None
+        self._front_options = (max_body_bytes, max_json_depth) if front else None
+        self.triton_http_port = free_port() if front else self.endpoints.http_port
 
     # -- lifecycle ---------------------------------------------------------------------------
     def command(self, backend_dir: Path, dist: TritonDist) -> list[str]:
@@ -167,18 +189,26 @@ class TritonServer:
             cmd.append(f"--model-repository={repo}")
         cmd += [
             f"--backend-directory={backend_dir}",
-            f"--http-address={HOST}", f"--http-port={self.endpoints.http_port}",
+            f"--http-address={HOST}", f"--http-port={self.triton_http_port}",
             f"--grpc-address={HOST}", f"--grpc-port={self.endpoints.grpc_port}",
             "--allow-metrics=true", f"--metrics-address={HOST}",
             f"--metrics-port={self.endpoints.metrics_port}",
             "--allow-gpu-metrics=false",
-            f"--exit-timeout-secs={self.exit_timeout_s}",
+            # Our own drain ends every request by exit_timeout_s; tritonserver's timeout is a backstop.
+            f"--exit-timeout-secs={self.exit_timeout_s + DRAIN_MARGIN_S}",
             "--exit-on-error=true", "--strict-readiness=true",
             f"--log-verbose={self.log_verbose}",
+            f"--http-restricted-api={RESTRICTED_APIS}:trtbuild-admin={self._admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:trtbuild-admin={self._admin_key}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         if not self.auto_complete_config:
             cmd.append("--disable-auto-complete-config")
         return cmd
+
+    @property
+    def drain_file(self) -> Path | None:
+        return Path(self._workdir.name) / "drain" if self._workdir is not None else None
 
     def start(self, ready_timeout_s: float = 180.0) -> Endpoints:
         for repo in self.repositories:
@@ -189,7 +219,19 @@ class TritonServer:
             if _port_in_use(port):
                 raise UserError(f"port {port} on {HOST} is already in use",
                                 fix="stop what listens there or choose other ports (deploy.http_port, ...)")
+        if self._front_options is not None and self._front is None:
+            from trtbuild.triton.front import Front
+
+            self._front = Front(HOST, self.endpoints.http_port, self.triton_http_port,
+                                max_body=self._front_options[0], max_depth=self._front_options[1])
+            self._front.upstream_up = False
+            self._front.start()
+        self._launch(ready_timeout_s)
+        return self.endpoints
+
+    def _launch(self, ready_timeout_s: float) -> None:
         dist = find_dist()
+        remove_stale_shm()
         self._workdir = tempfile.TemporaryDirectory(prefix="trtbuild-triton-")
         work = Path(self._workdir.name)
         backend_dir = prepare_backends(dist, work)
@@ -201,12 +243,14 @@ class TritonServer:
         else:
             self._log_path = self._log_file
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._log_path, "wb") as log:
+        env = server_env(dist)
+        env["TRTBUILD_DRAIN_FILE"] = str(self.drain_file)
+        with open(self._log_path, "ab") as log:
             # Own session: the server's process group holds it and its python stubs, so stop()
-            # can make sure none of them is left behind.
+            # can make sure none of them is left behind. umask 077: its shared memory is its own.
             self._proc = subprocess.Popen(self.command(backend_dir, dist), stdout=log,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=server_env(dist), cwd=work, start_new_session=True)
+                                          env=env, cwd=work, start_new_session=True, umask=0o077)
         self.last_pid = self._proc.pid
         try:
             self._wait_ready(ready_timeout_s)
@@ -214,15 +258,31 @@ class TritonServer:
             self._failed = True
             self.stop(timeout_s=10)
             raise
-        return self.endpoints
+        self.secure_shm()
+        if self._front is not None:
+            self._front.accepting, self._front.upstream_up = True, True
+
+    def restart(self, ready_timeout_s: float = 180.0) -> None:
+        """Start tritonserver again after it died (same ports; the front answers 503 meanwhile)."""
+        if self._front is not None:
+            self._front.upstream_up = False
+        self._reap(self._proc)
+        self._proc = None
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        self._launch(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        url = f"http://{self.endpoints.http}/v2/health/ready"
+        url = f"http://{HOST}:{self.triton_http_port}/v2/health/ready"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.secure_shm()
             if self._proc is not None and self._proc.poll() is not None:
-                raise BuildError(f"tritonserver exited with code {self._proc.returncode} while starting: "
-                                 f"{self.failure_summary()}", fix=f"see the log {self._log_path}")
+                code = self._proc.returncode
+                how = f"exited with code {code}" if code >= 0 else f"was {self._how_it_ended()}"
+                raise BuildError(f"tritonserver {how} while starting: {self.failure_summary()}",
+                                 fix=f"see the log {self._log_path}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
@@ -232,6 +292,30 @@ class TritonServer:
             time.sleep(0.2)
         raise BuildError(f"tritonserver not ready after {timeout_s:.0f} s: {self.failure_summary()}",
                          fix=f"see the log {self._log_path}")
+
+    def secure_shm(self) -> None:
+        """The python backend creates its regions mode 0644 whatever the umask (boost fchmods them):
+        make them private to this user as soon as they appear, before any prompt passes through."""
+        for region in shm_regions(self.shm_prefix):
+            with contextlib.suppress(OSError):
+                if region.stat().st_mode & 0o077:
+                    region.chmod(0o600)
+
+    def death_reason(self) -> str:
+        """Why the process ended: the signal or exit code first (a crash logs nothing telling), then
+        the most telling log line."""
+        return f"{self._how_it_ended()}; log: {self.failure_summary()}"
+
+    def _how_it_ended(self) -> str:
+        code = self._proc.poll() if self._proc is not None else None
+        if code is None:
+            return "still running"
+        if code >= 0:
+            return f"exit code {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
 
     def failure_summary(self) -> str:
         """The most telling log line, for one-line messages: why a model failed to load, else the
@@ -243,7 +327,7 @@ class TritonServer:
         # Other lines naming an error, except the start-up options table (`| exit_on_error | 1 |`).
         others = [line for line in lines if "error" in line.lower() and "|" not in line]
         picked = (failed or telling or others or lines[-1:] or ["no output"])[0]
-        picked = re.sub(r"^E\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ", "", picked)  # the glog prefix
+        picked = re.sub(r"^[EIW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ", "", picked)  # the glog prefix
         picked = picked.split("\\n")[0].strip().strip('"')  # the message, without the traceback
         return picked[:400]
 
@@ -260,19 +344,31 @@ class TritonServer:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self, timeout_s: float | None = None) -> int | None:
-        """Graceful stop (SIGINT: drain in-flight requests), then make sure nothing is left."""
+        """Graceful stop: refuse new requests, let those in flight finish for `timeout_s` (default
+        exit_timeout_s), then cut them (the drain file) and wait for tritonserver to unload and exit;
+        kill what is left and remove its shared-memory regions."""
+        if self._front is not None:
+            self._front.accepting = False
         proc, self._proc = self._proc, None
         code = None
         if proc is not None:
-            timeout_s = timeout_s if timeout_s is not None else self.exit_timeout_s + 15
+            drain_s = timeout_s if timeout_s is not None else self.exit_timeout_s
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
             try:
-                code = proc.wait(timeout=timeout_s)
+                code = proc.wait(timeout=drain_s)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            _kill_group(proc.pid)
+                if self.drain_file is not None:
+                    self.drain_file.touch()  # the model cuts what still runs, then tritonserver exits
+                try:
+                    code = proc.wait(timeout=DRAIN_MARGIN_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    code = proc.wait()
+            self._reap(proc)
+        if self._front is not None:
+            self._front.close()
+            self._front = None
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None
@@ -281,12 +377,56 @@ class TritonServer:
             self._log_path.unlink()
         return code
 
+    def _reap(self, proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None:
+            _kill_group(proc.pid)
+        remove_shm(self.shm_prefix)
+
     def __enter__(self) -> TritonServer:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def shm_regions(prefix: str) -> list[Path]:
+    shm = Path("/dev/shm")
+    return sorted(shm.glob(f"{prefix}*")) if prefix and shm.is_dir() else []
+
+
+def remove_stale_shm() -> list[Path]:
+    """Regions of trtbuild servers that were SIGKILLed (nothing could clean up after them): ours by
+    name and owner, and neither open nor mapped by any process. Removed at each start."""
+    regions = [r for r in shm_regions("trtbuild_") if _owned(r)]
+    if not regions:
+        return []
+    in_use: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            in_use.update(os.readlink(fd) for fd in (proc / "fd").iterdir())
+        with contextlib.suppress(OSError):
+            in_use.update(line.split(maxsplit=5)[-1] for line in (proc / "maps").read_text().splitlines()
+                          if "/dev/shm/" in line)
+    stale = [r for r in regions if str(r) not in in_use]
+    for region in stale:
+        with contextlib.suppress(OSError):
+            region.unlink()
+    return stale
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def remove_shm(prefix: str) -> None:
+    """Remove the python backend's regions of one server (left behind when it was killed)."""
+    for region in shm_regions(prefix):
+        with contextlib.suppress(OSError):
+            region.unlink()
 
 
 def group_members(pgid: int) -> list[int]:
@@ -312,14 +452,21 @@ def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600.0
+
+
 def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int = 8001,
           metrics_port: int = 8002, models: Sequence[str] = (), exit_timeout_s: int = 30,
           log_file: Path | None = None, echo: Callable[[str], None] = print, ready_timeout_s: float = 300.0,
           stop_event: threading.Event | None = None) -> int:
     """`trtbuild serve`: start, print the endpoints, block until SIGINT/SIGTERM, stop gracefully.
 
-    Returns tritonserver's exit code (0 after a clean shutdown). `stop_event` lets a caller
-    (or a test) ask for the same shutdown without a signal.
+    A tritonserver that dies is started again on the same ports (the front answers 503 meanwhile),
+    with the reason printed: the signal or exit code and the log's telling line; more than
+    MAX_RESTARTS deaths within RESTART_WINDOW_S end `serve` with that reason. Returns tritonserver's
+    exit code (0 after a clean shutdown). `stop_event` lets a caller (or a test) ask for the same
+    shutdown without a signal.
     """
     stop = stop_event or threading.Event()
     server = TritonServer(repositories, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
@@ -329,14 +476,25 @@ def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    deaths: list[float] = []
     try:
         endpoints = server.start(ready_timeout_s=ready_timeout_s)
         echo(f"tritonserver ready (pid {server.pid}); Ctrl-C stops it")
         for line in endpoints.lines(models):
             echo("  " + line)
         while not stop.wait(0.5):
-            if not server.is_running():
-                raise BuildError(f"tritonserver exited unexpectedly: {server.failure_summary()}")
+            if server.is_running():
+                server.secure_shm()  # regions made later (a new instance) become private too
+                continue
+            reason = server.death_reason()
+            now = time.monotonic()
+            deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+            if len(deaths) > MAX_RESTARTS:
+                raise BuildError(f"tritonserver died {len(deaths)} times in {RESTART_WINDOW_S:.0f} s; "
+                                 f"the last time: {reason}", fix=f"see the log {server._log_path}")
+            echo(f"tritonserver died ({reason}); restarting ({len(deaths)}/{MAX_RESTARTS})")
+            server.restart(ready_timeout_s=ready_timeout_s)
+            echo(f"tritonserver ready again (pid {server.pid})")
         echo("stopping: draining in-flight requests ...")
         code = server.stop()
         echo(f"tritonserver stopped (exit code {code})")

@@ -4,12 +4,14 @@ All three run from the bundle root, so the relative paths in llm_api_options.yam
 directory) resolve the same way everywhere. Multi-node launches wrap the server in
 `trtllm-llmapi-launch` (TRT-LLM's MPI/Slurm entry point, examples/llm-api/llm_mgmn_*.sh), with one
 MPI rank per GPU: the world size must equal tensor_parallel * pipeline_parallel.
+Recipe values are data: quoted for the shell (trtbuild.shell), never pasted into code.
 """
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
+
+from trtbuild.shell import Raw, comment_safe, default_assignment, env_exports, expand, quote, word
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,15 @@ class ClusterSpec:
     container_mounts: tuple[str, ...] = ()
 
 
+def _host_port(spec: ServeSpec) -> str:
+    """TRTBUILD_HOST / TRTBUILD_PORT from the environment, else the recipe's (as literal data)."""
+    return default_assignment("TRTBUILD_HOST", spec.host) + default_assignment("TRTBUILD_PORT", str(spec.port))
+
+
 def serve_argv(spec: ServeSpec) -> list[str]:
     """The trtllm-serve command line (host and port come from the environment at launch)."""
-    host = "${TRTBUILD_HOST:-" + spec.host + "}"
-    port = "${TRTBUILD_PORT:-" + str(spec.port) + "}"
-    argv = ["trtllm-serve", f"./{spec.model}", "--backend", spec.backend, "--host", host, "--port", port,
+    host, port = expand("TRTBUILD_HOST"), expand("TRTBUILD_PORT")
+    argv: list[str] = ["trtllm-serve", f"./{spec.model}", "--backend", spec.backend, "--host", host, "--port", port,
             "--tp_size", str(spec.tensor_parallel), "--pp_size", str(spec.pipeline_parallel),
             "--ep_size", str(spec.expert_parallel)]
     if spec.tokenizer:
@@ -66,26 +72,23 @@ def serve_argv(spec: ServeSpec) -> list[str]:
 
 
 def _join(argv: list[str], indent: str = "  ") -> str:
-    """One argument per flag per line; `${...}` stays expandable, everything else is quoted."""
-    parts = [a if a.startswith("${") else shlex.quote(a) for a in argv]
+    """One argument per flag per line; trtbuild's own expansions (Raw) stay expandable, every other
+    argument is quoted."""
+    parts = [quote(a) for a in argv]
     lines: list[str] = [parts[0]]
     i = 1
     while i < len(parts):
         if parts[i].startswith("-") and i + 1 < len(parts) and not parts[i + 1].startswith("-"):
-            lines.append(f"{parts[i]} {_quote_dollar(parts[i + 1])}")
+            lines.append(f"{parts[i]} {parts[i + 1]}")
             i += 2
         else:
-            lines.append(_quote_dollar(parts[i]))
+            lines.append(parts[i])
             i += 1
     return (" \\\n" + indent).join(lines)
 
 
-def _quote_dollar(part: str) -> str:
-    return f'"{part}"' if part.startswith("${") else part
-
-
 def _env_lines(env: dict[str, str]) -> str:
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    return env_exports(env)
 
 
 def _python_path_line(spec: ServeSpec, root: str = "$PWD") -> str:
@@ -101,29 +104,29 @@ _HEADER = "#!/usr/bin/env bash\n# Written by trtbuild{recipe}. {what}\nset -euo 
 
 
 def single_node_script(spec: ServeSpec, recipe_name: str = "") -> str:
-    recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
+    recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
     return (_HEADER.format(recipe=recipe, what=f"Serves this bundle with trtllm-serve on one node "
                            f"({spec.world_size} GPU{'s' if spec.world_size > 1 else ''}).")
             + "# Extra trtllm-serve flags may be appended: launch/serve.sh --log_level debug\n"
             + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
-            + _env_lines(spec.env)
+            + _env_lines(spec.env) + _host_port(spec)
             + _python_path_line(spec)
             + "exec " + _join(serve_argv(spec)) + ' \\\n  "$@"\n')
 
 
 def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
     """OpenMPI launch over `cluster.nodes` hosts listed in $TRTBUILD_HOSTFILE."""
-    recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
+    recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
     exports = " ".join(f"-x {k}" for k in sorted({*spec.env, *(["PYTHONPATH"] if spec.python_path else [])}))
-    mpirun = ["mpirun", "-np", str(spec.world_size), "--npernode", str(cluster.gpus_per_node),
-              "--hostfile", "${TRTBUILD_HOSTFILE}", "--bind-to", "none", "-wdir", "${PWD}"]
+    mpirun: list[str] = ["mpirun", "-np", str(spec.world_size), "--npernode", str(cluster.gpus_per_node),
+                         "--hostfile", expand("TRTBUILD_HOSTFILE"), "--bind-to", "none", "-wdir", expand("PWD")]
     return (_HEADER.format(recipe=recipe, what=f"Serves this bundle on {cluster.nodes} nodes x "
                            f"{cluster.gpus_per_node} GPUs under mpirun.")
             + "# The bundle must be at the same path on every node (a shared filesystem).\n"
             + ': "${TRTBUILD_HOSTFILE:?set TRTBUILD_HOSTFILE to an MPI hostfile listing the '
             + f'{cluster.nodes} nodes}}"\n'
             + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
-            + _env_lines(spec.env)
+            + _env_lines(spec.env) + _host_port(spec)
             + _python_path_line(spec)
             + "exec " + _join(mpirun) + (f" \\\n  {exports}" if exports else "")
             + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + ' \\\n    "$@"\n')
@@ -131,7 +134,9 @@ def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") 
 
 def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
     """sbatch script: one task per GPU, srun with PMIx, optionally inside a container (pyxis)."""
-    recipe = f" for recipe '{recipe_name}'" if recipe_name else ""
+    recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
+    # #SBATCH lines are read by sbatch, not the shell: the recipe validates these values (no
+    # whitespace or control characters), and comment_safe keeps a newline from adding a line anyway.
     directives = [f"#SBATCH -J {cluster.job_name}", f"#SBATCH -N {cluster.nodes}",
                   f"#SBATCH --ntasks-per-node={cluster.gpus_per_node}",
                   f"#SBATCH --gpus-per-node={cluster.gpus_per_node}", f"#SBATCH -t {cluster.time_limit}",
@@ -140,11 +145,12 @@ def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -
         directives.append(f"#SBATCH -p {cluster.partition}")
     if cluster.account:
         directives.append(f"#SBATCH -A {cluster.account}")
-    srun = ["srun", "-l", "--mpi=pmix", "--chdir", "${BUNDLE}"]
+    directives = [comment_safe(d) for d in directives]
+    srun: list[str] = ["srun", "-l", "--mpi=pmix", "--chdir", expand("BUNDLE")]
     if cluster.container_image:
-        mounts = ",".join(("${BUNDLE}:${BUNDLE}", *cluster.container_mounts))
+        mounts = word(Raw('"${BUNDLE}:${BUNDLE}"'), *(f",{m}" for m in cluster.container_mounts))
         srun += ["--container-image", cluster.container_image, "--container-mounts", mounts,
-                 "--container-workdir", "${BUNDLE}"]
+                 "--container-workdir", expand("BUNDLE")]
     exports = ",".join(("ALL", *sorted(spec.env)))  # ALL carries PYTHONPATH too
     srun += ["--export", exports]
     script = ("#!/bin/bash\n" + "\n".join(directives) + "\n"
@@ -153,7 +159,7 @@ def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -
               + "# Submit from the bundle directory: cd <bundle> && sbatch launch/slurm.sbatch\n"
               + "set -euo pipefail\n"
               + 'BUNDLE="${TRTBUILD_BUNDLE:-${SLURM_SUBMIT_DIR:-$PWD}}"\n'
-              + _env_lines(spec.env)
+              + _env_lines(spec.env) + _host_port(spec)
               + _python_path_line(spec, "${BUNDLE}")
               + _join(srun) + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + "\n")
     return script
