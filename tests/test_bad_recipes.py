@@ -15,6 +15,7 @@ from trtbuild.cli import main
 BASE = "name: t\nmodel: {source: tiny}\n"
 ENGINE = BASE + "engine: {}\n"
 DRAFT = BASE + "draft: {max_draft_len: 3}\n"
+FP8 = BASE + "quantize: {}\n"
 HF = {"m/config.json": '{"model_type": "llama", "vocab_size": 300, "num_hidden_layers": 2, "hidden_size": 8, '
       '"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}',
       "m/model.safetensors": "placeholder"}
@@ -199,16 +200,24 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
         ("backend", "onnx"), ("max_batch_size", "0"), ("max_batch_size", "true"), ("max_seq_len", "0"),
         ("max_num_tokens", "0"), ("tensor_parallel", "0"), ("pipeline_parallel", "0"), ("expert_parallel", "0"),
         ("tensor_parallel", "2048"), ("cuda_graphs", "[]"), ("cuda_graphs", "[0]"), ("cuda_graphs", "sometimes"),
-        ("draft_len", "0"), ("plugins", "gemm"), ("llm_api_options", "[]")]],
+        ("draft_len", "0"), ("gemm_plugin", "gemm"), ("llm_api_options", "[]")]],
     *[(f"engine-kv-{field}-{value}", R(f"engine:\n  kv_cache:\n    {field}: {value} #!\n"), [], field)
       for field, value in [("free_gpu_memory_fraction", "0"), ("free_gpu_memory_fraction", "1.5"),
                            ("dtype", "int4"), ("tokens_per_block", "0")]],
     ("engine-draft-len-without-draft", R("engine:\n  draft_len: 2 #!\n"), [], "has no draft"),
     ("engine-draft-len-over-draft", R("engine:\n  draft_len: 5 #!\n", DRAFT), [], "exceeds draft.max_draft_len"),
-    ("engine-tensorrt-with-draft", R("engine:\n  backend: tensorrt #!\n", DRAFT), [], "EAGLE-3"),
-    ("engine-plugin-unknown", R("engine:\n  plugins: [warp_drive] #!\n"), [], "unknown plugin"),
-    ("engine-plugin-twice", R("engine:\n  plugins: [gemm_weight_shuffle, gemm_weight_shuffle] #!\n"), [],
-     "listed twice"),
+    ("engine-backend-tensorrt", R("engine:\n  backend: tensorrt #!\n", DRAFT), [], "is not served"),
+    ("engine-plugin-unknown", R("engine:\n  gemm_plugin:\n    kernels: {sm_90a: warp_drive} #!\n", FP8), [],
+     "unknown plugin"),
+    ("engine-plugin-no-kernel", R("engine:\n  gemm_plugin:\n    kernels: {} #!\n", FP8), [], "at least one GPU arch"),
+    ("engine-plugin-unquantized", R("engine:\n  gemm_plugin: #!\n    kernels: {sm_90a: spatial_partition}\n"), [],
+     "no quantize section"),
+    ("engine-plugin-linears-twice", R("engine:\n  gemm_plugin:\n    kernels: {sm_90a: spatial_partition}\n"
+                                      "    linears: [dense, dense] #!\n"), [], "each once"),
+    ("engine-plugin-arch-not-targeted", R("engine:\n  gemm_plugin:\n    kernels: {sm_89: spatial_partition} #!\n", FP8),
+     [], "not among gpu_archs"),
+    ("engine-plugin-max-tokens", R("engine:\n  gemm_plugin:\n    kernels: {sm_90a: spatial_partition}\n"
+                                   "    max_tokens: 17 #!\n"), [], "max_tokens"),
     ("engine-env-name", R("engine:\n  env: {'1BAD': x} #!\n"), [], "not an environment variable name"),
     ("engine-env-newline", R('engine:\n  env: {A: "x\\ny"} #!\n'), [], "control character"),
     ("engine-options-unknown", R("engine:\n  llm_api_options: {warp: 9} #!\n"), [], "not an LLM() argument"),
@@ -221,8 +230,6 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     ("engine-pdl-arch", "name: t\ngpu_archs: [sm_89]\nmodel: {source: tiny}\nengine:\n  env:\n"
      "    TRTLLM_ENABLE_PDL: '1' #!\n", [], "TRTLLM_ENABLE_PDL"),
     ("engine-require-trtllm", R("engine:\n  require_tensorrt_llm: true #!\n"), [], "not importable"),
-    ("engine-min-latency-tensorrt", R("engine:\n  backend: tensorrt\n  enable_min_latency: true #!\n"), [],
-     "PyTorch backend only"),
     *[(f"engine-launcher-{field}-{value[:12]}", R(f"engine:\n  launcher:\n    {field}: {value} #!\n"), [], field)
       for field, value in [("port", "0"), ("port", "70000"), ("host", "'$(touch x)'"), ("host", "'a b'"),
                            ("nodes", "0"), ("gpus_per_node", "0"), ("container_image", "'img; rm'"),
@@ -231,11 +238,11 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     *[(f"engine-slurm-{field}-{value[:12]}", R(f"engine:\n  launcher:\n    slurm:\n      {field}: {value} #!\n"), [],
        field) for field, value in [("job_name", '"a\\nrm -rf"'), ("job_name", "'a b'"), ("partition", "'p;x'"),
                                    ("account", "'$(id)'"), ("time_limit", "forever")]],
-    ("engine-legacy-dtype", R("engine:\n  legacy:\n    dtype: int8 #!\n"), [], "dtype"),
+    ("engine-trtllm-version-unknown", R("engine:\n  trtllm_version: 0.9.0 #!\n"), [], "no TensorRT-LLM contract"),
     ("engine-nodes-world", R("engine:\n  launcher:\n    nodes: 2 #!\n"), [], "nodes"),
     # --- deploy ------------------------------------------------------------------------------------
     *[(f"deploy-{field}-{value[:12]}", R(f"deploy:\n  {field}: {value} #!\n", ENGINE), [], field) for field, value in [
-        ("target", "[cloud]"), ("target", "[]"), ("model_name", "'bad name'"), ("model_name", "tensorrt_llm"),
+        ("target", "[cloud]"), ("target", "[]"), ("model_name", "'bad name'"),
         ("max_batch_size", "0"), ("instance_count", "0"), ("http_port", "0"), ("grpc_port", "99999"),
         ("exit_timeout_s", "0"), ("max_queue_delay_microseconds", "-1"), ("max_queue_size", "-1"),
         ("decoupled", "often")]],
@@ -247,7 +254,6 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     *[(f"deploy-trtllm-{field}-{value[:12]}", R(f"deploy:\n  trtllm:\n    {field}: {value} #!\n", ENGINE), [], field)
       for field, value in [("image", "'img x'"), ("image", '"img\\n"'), ("bundle_mount", "relative"),
                            ("all_models_dir", "'/a:b'"), ("publish_address", "everywhere"),
-                           ("batch_scheduler_policy", "fifo"), ("logits_datatype", "TYPE_INT8"),
                            ("cancellation_check_period_ms", "0")]],
     *[(f"deploy-local-{field}-{value}", R(f"deploy:\n  local:\n    {field}: {value} #!\n", ENGINE), [], field)
       for field, value in [("speculation", "forest"), ("default_max_tokens", "0"), ("max_tokens_limit", "0"),

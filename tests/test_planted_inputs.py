@@ -53,8 +53,7 @@ def _calls(root: Path) -> list[dict]:
 def test_planted_shell_payload_is_data(tmp_path: Path, sources: dict[str, Path]) -> None:
     marker = tmp_path / "PWNED"
     payload = f"$(touch {marker})`touch {marker}`"
-    engine = {"backend": "tensorrt", "env": {"X_PAYLOAD": f"a'b\"c{payload}"},
-              "legacy": {"extra_flags": ["--foo", payload]},
+    engine = {"env": {"X_PAYLOAD": f"a'b\"c{payload}"},
               "launcher": {"container_image": f"img{payload}".replace(" ", "_"),
                            "container_mounts": [f"/data{payload}:/data".replace(" ", "_")],
                            "slurm": {"job_name": "job"}}}
@@ -67,7 +66,6 @@ def test_planted_shell_payload_is_data(tmp_path: Path, sources: dict[str, Path])
     _stand_ins(tmp_path)
     scripts = [bundle / "launch" / n for n in ("serve.sh", "mpirun.sh", "slurm.sbatch")]
     scripts += [deploy_dir / "launch" / n for n in ("triton_trtllm.sh", "start_in_container.sh")]
-    scripts += [bundle / "build" / "build_engine.sh"]
     for script in scripts:
         _run(script, tmp_path, {})
     assert not marker.exists(), "a recipe value ran as shell code"
