@@ -6,9 +6,12 @@ Protocol (KServe v2 tensors, also reachable through the generate / generate_stre
            stream (BOOL: one response per decode step), speculative (BOOL: use the EAGLE-3 draft)
   outputs  text_output (BYTES: the generated text, or this step's piece of it when streaming),
            output_ids (INT32: the token ids of the same span)
-Decoupled (the default), requests go to a worker thread that decodes them one after the other and
-streams a response per decode step when `stream` is true, or sends one response with all the text
-(what /generate needs). Without the decoupled policy, `execute` answers each request itself.
+Decoupled (the default), requests go to a decode thread that batches them in flight, as
+TensorRT-LLM's executor does: up to max_batch_size requests decode together, a new one joins at
+the next step boundary (its prefill gives its first token), a finished or cancelled one leaves,
+and each keeps its own sampler and speculative state (trtbuild.runtime.batch). With `stream` it
+gets a response per decode step, else one response with all the text (what /generate needs).
+Without the decoupled policy, `execute` decodes the requests it is handed together and answers them.
 Bad values are answered with INVALID_ARG, which HTTP clients see as a 400 with the message.
 
 The model's parameters (config.pbtxt) name the bundle's directories relative to this model's
@@ -17,8 +20,11 @@ directory; the runtime and transformers come from the environment the stub runs 
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -29,6 +35,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 CANCEL_CHECK_S = 0.05  # a cancelled stream stops within one decode step of this
+
+# The stub's embedded interpreter ignores PYTHONPATH, where the launcher (server.server_env) names
+# the trtbuild that started the server; without this an editable install elsewhere would win.
+for _entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+    if _entry and _entry not in sys.path:
+        sys.path.insert(0, _entry)
 
 
 class BadRequest(Exception):
@@ -47,16 +59,20 @@ def _scalar(request: Any, name: str, kind: type, default: Any) -> Any:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        from trtbuild.triton.textbatch import TextBatcher
         from trtbuild.triton.textgen import generator_from_params
 
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         model_dir = Path(args["model_repository"])
-        self.batched = int(config.get("max_batch_size", 0)) > 0
+        max_batch_size = int(config.get("max_batch_size", 0))
+        self.batched = max_batch_size > 0
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.default_max_tokens = int(params["default_max_tokens"])
         self.max_tokens_limit = int(params["max_tokens_limit"])
         self.generator = generator_from_params(params, model_dir)
+        self.batcher = TextBatcher(self.generator, max(1, max_batch_size))
+        self._tags = itertools.count()
         self._warm_up()
         self.work: queue.Queue[Any] = queue.Queue()
         self.outbox: queue.Queue[Any] = queue.Queue()
@@ -67,13 +83,17 @@ class TritonPythonModel:
         import torch
 
         pb_utils.Logger.log_info(f"trtbuild local model ready (speculative: {self.generator.speculative}, "
+                                 f"in-flight batch: {self.batcher.max_batch}, "
                                  f"torch threads: {torch.get_num_threads()})")
 
     def _warm_up(self) -> None:
-        """One short generation so the first real request does not pay for lazy initialisation."""
+        """A short batch so the first real requests do not pay for lazy initialisation."""
         from trtbuild.triton.textgen import GenRequest
 
-        self.generator.generate(GenRequest(prompt="def", max_tokens=2))
+        for i in range(self.batcher.max_batch):
+            self.batcher.submit(GenRequest(prompt="def" * (i + 1), max_tokens=4), ("warm-up", i))
+        while not self.batcher.idle:
+            self.batcher.step()
 
     # -- requests --------------------------------------------------------------------------
     def parse(self, request: Any) -> tuple[Any, bool]:
@@ -124,60 +144,105 @@ class TritonPythonModel:
         code = pb_utils.TritonError.INVALID_ARG if bad_request else pb_utils.TritonError.INTERNAL
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
-    def answer(self, request: Any) -> Any:
-        """The whole generation as one response (non-streaming)."""
+    def answer_together(self, requests: list[Any]) -> list[Any]:
+        """Non-decoupled: the requests of one execute call, decoded as one in-flight batch."""
         from trtbuild.errors import UserError
 
+        responses: list[Any] = [None] * len(requests)
+        for index, request in enumerate(requests):
+            try:
+                gen, _ = self.parse(request)
+                self.batcher.submit(gen, index)
+            except (BadRequest, UserError) as exc:
+                responses[index] = self.error(str(exc), bad_request=True)
         try:
-            gen, _ = self.parse(request)
-            result = self.generator.generate(gen)
-            return self.response(result.text, result.ids)
-        except (BadRequest, UserError) as exc:
-            return self.error(str(exc), bad_request=True)
-        except Exception as exc:  # a failed request must not take the model down
+            while not self.batcher.idle:
+                for event in self.batcher.step():
+                    if event.finished:
+                        responses[event.tag] = self.response(event.result_text or "", event.result_ids or [])
+        except Exception as exc:  # a failed batch must not take the model down
             pb_utils.Logger.log_error(traceback.format_exc())
-            return self.error(f"generation failed: {exc}", bad_request=False)
+            for index in self.batcher.reset():
+                responses[index] = self.error(f"generation failed: {exc}", bad_request=False)
+        return responses
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if not self.decoupled:
-            return [self.answer(request) for request in requests]
+            return self.answer_together(requests)
         for request in requests:
             self.work.put(request)
         return None
 
-    # -- decoupled worker ------------------------------------------------------------------
+    # -- decoupled: the in-flight batch ------------------------------------------------------
     def _loop(self) -> None:
+        active: dict[int, tuple[Any, bool]] = {}  # tag -> (response sender, streaming)
+        cancelled: set[int] = set()
+        stopping = False
+        checked = time.monotonic()
         while True:
-            request = self.work.get()
-            if request is None:
-                return
-            self._serve(request)
+            block = self.batcher.idle and not stopping  # wait for work only when nothing decodes
+            while True:
+                try:
+                    request = self.work.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if request is None:
+                    stopping = True
+                    break
+                self._start(request, active)
+            if self.batcher.idle:
+                if stopping:
+                    return
+                continue
+            # is_cancelled() is a round trip to the server: ask every CANCEL_CHECK_S, not per step
+            if time.monotonic() - checked >= CANCEL_CHECK_S:
+                for tag, (sender, _) in active.items():
+                    if tag not in cancelled and sender.is_cancelled():
+                        cancelled.add(tag)
+                        self.batcher.cancel(tag)
+                checked = time.monotonic()
+            self._step(active, cancelled)
 
-    def _serve(self, request: Any) -> None:
+    def _start(self, request: Any, active: dict[int, tuple[Any, bool]]) -> None:
         from trtbuild.errors import UserError
 
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
             gen, stream = self.parse(request)
-            if not stream:
-                result = self.generator.generate(gen)
-                self.outbox.put((sender, self.response(result.text, result.ids), final))
-                return
-            checked = time.monotonic()
-            for chunk in self.generator.stream(gen):
-                # is_cancelled() is a round trip to the server: ask every CANCEL_CHECK_S, not per chunk
-                if time.monotonic() - checked >= CANCEL_CHECK_S:
-                    if sender.is_cancelled():
-                        break
-                    checked = time.monotonic()
-                self.outbox.put((sender, self.response(chunk.text, chunk.ids), 0))
-            self.outbox.put((sender, None, final))
+            tag = next(self._tags)
+            self.batcher.submit(gen, tag)
+            active[tag] = (sender, stream)
         except (BadRequest, UserError) as exc:
             self.outbox.put((sender, self.error(str(exc), bad_request=True), final))
-        except Exception as exc:
+
+    def _step(self, active: dict[int, tuple[Any, bool]], cancelled: set[int]) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            events = self.batcher.step()
+        except Exception as exc:  # a failed step fails the batch, not the model
             pb_utils.Logger.log_error(traceback.format_exc())
-            self.outbox.put((sender, self.error(f"generation failed: {exc}", bad_request=False), final))
+            for tag in self.batcher.reset():
+                sender, _ = active.pop(tag)
+                self.outbox.put((sender, self.error(f"generation failed: {exc}", bad_request=False), final))
+            cancelled.clear()
+            return
+        for event in events:
+            sender, stream = active[event.tag]
+            if event.finished:
+                del active[event.tag]
+            if event.tag in cancelled:
+                if event.finished:
+                    cancelled.discard(event.tag)
+                    self.outbox.put((sender, None, final))
+            elif stream:
+                if event.chunk.ids or event.chunk.text:
+                    self.outbox.put((sender, self.response(event.chunk.text, event.chunk.ids), 0))
+                if event.finished:
+                    self.outbox.put((sender, None, final))
+            elif event.finished:
+                self.outbox.put((sender, self.response(event.result_text or "", event.result_ids or []), final))
 
     def _send_loop(self) -> None:
         """Sends (sender, response or None, flags) in order. A send waits for the server to take
@@ -193,7 +258,7 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(traceback.format_exc())
 
     def finalize(self) -> None:
-        # Triton drains in-flight requests before unloading, so the queue is empty here.
+        # Triton drains in-flight requests before unloading; the decode thread finishes what it has.
         self.work.put(None)
         self.worker.join(timeout=30)
         self.outbox.put(None)  # after the decode thread: its last responses are queued before this
