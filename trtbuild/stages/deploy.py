@@ -92,6 +92,8 @@ class DeployConfig(StageConfig):
     http_port: int = Field(default=8000, ge=1, le=65535, description="HTTP port (127.0.0.1 for `serve`).")
     grpc_port: int = Field(default=8001, ge=1, le=65535, description="gRPC port.")
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Prometheus metrics port.")
+    openai_port: int = Field(default=8003, ge=1, le=65535, description="`serve` / `demo`: the OpenAI-compatible "
+                             "API (/v1/models, /v1/completions, /v1/chat/completions) in front of the local model.")
     exit_timeout_s: int = Field(default=30, ge=1, description="On shutdown, how long in-flight requests may "
                                 "take to finish.")
     trtllm: TrtllmTargetOptions = Field(default_factory=TrtllmTargetOptions, description="trtllm target.")
@@ -138,9 +140,9 @@ class DeployStage(Stage):
         if engine is not None and config.max_batch_size and config.max_batch_size > engine.max_batch_size:
             problems.append(f"deploy.max_batch_size: {config.max_batch_size} exceeds engine.max_batch_size "
                             f"{engine.max_batch_size} (fix: lower it or raise the engine's)")
-        ports = [config.http_port, config.grpc_port, config.metrics_port]
-        if len(set(ports)) != 3:
-            problems.append(f"deploy: http/grpc/metrics ports must differ, got {ports}")
+        ports = [config.http_port, config.grpc_port, config.metrics_port, config.openai_port]
+        if len(set(ports)) != 4:
+            problems.append(f"deploy: http/grpc/metrics/openai ports must differ, got {ports}")
         return problems
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:

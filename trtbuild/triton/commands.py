@@ -6,7 +6,8 @@ nothing in this module imports torch unless the benchmark's in-process baseline 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +25,42 @@ def local_model_dir(deploy_dir: Path) -> tuple[Path, dict[str, Any]]:
     return deploy_dir / local["repository"] / local["model"], info
 
 
-def serve_deployment(deploy_dir: Path, *, http_port: int | None = None, grpc_port: int | None = None,
-                     metrics_port: int | None = None, echo: Callable[[str], None] = print,
-                     log_file: Path | None = None) -> int:
-    """Serve the deployment's local repository on 127.0.0.1 until SIGINT/SIGTERM; returns the exit code.
+def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
+                 ) -> Callable[[Any], contextlib.AbstractContextManager[list[str]]]:
+    """For `serve(attach=...)`: the OpenAI-compatible API in front of the started Triton server."""
 
-    Ports default to the recipe's deploy.http_port / grpc_port / metrics_port; 0 picks a free one."""
+    @contextlib.contextmanager
+    def attach(endpoints: Any) -> Iterator[list[str]]:
+        from trtbuild.openai_api.runner import OpenAIFront, front_config
+
+        config = front_config(model_dir, endpoints.http)
+        with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
+            yield [f"OpenAI   {front.url}  (/models, /completions, /chat/completions; "
+                   f"model \"{config.model_id}\")"]
+
+    return attach
+
+
+def serve_deployment(deploy_dir: Path, *, http_port: int | None = None, grpc_port: int | None = None,
+                     metrics_port: int | None = None, openai_port: int | None = None,
+                     echo: Callable[[str], None] = print, log_file: Path | None = None) -> int:
+    """Serve the deployment's local repository on 127.0.0.1 until SIGINT/SIGTERM, with the
+    OpenAI-compatible API in front of it; returns the exit code.
+
+    Ports default to the recipe's deploy.http_port / grpc_port / metrics_port / openai_port;
+    0 picks a free one."""
     from trtbuild.triton.server import serve
 
     model_dir, info = local_model_dir(deploy_dir)
     ports = info["ports"]
+    exit_timeout_s = info.get("exit_timeout_s", 30)
+    openai = ports.get("openai", 8003) if openai_port is None else openai_port
     return serve([model_dir.parent], models=[model_dir.name],
                  http_port=ports["http"] if http_port is None else http_port,
                  grpc_port=ports["grpc"] if grpc_port is None else grpc_port,
                  metrics_port=ports["metrics"] if metrics_port is None else metrics_port,
-                 exit_timeout_s=info.get("exit_timeout_s", 30), echo=echo, log_file=log_file)
+                 exit_timeout_s=exit_timeout_s, echo=echo, log_file=log_file,
+                 attach=openai_front(model_dir, openai, drain_timeout_s=exit_timeout_s))
 
 
 def default_prompts(count: int = 8, chars: int = 80) -> list[str]:

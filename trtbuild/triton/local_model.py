@@ -201,6 +201,7 @@ class TritonPythonModel:
                     if tag not in cancelled and sender.is_cancelled():
                         cancelled.add(tag)
                         self.batcher.cancel(tag)
+                        pb_utils.Logger.log_info(f"trtbuild: request {tag} cancelled by the client")
                 checked = time.monotonic()
             self._step(active, cancelled)
 

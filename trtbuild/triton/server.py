@@ -315,11 +315,13 @@ def _kill_group(pgid: int, grace_s: float = 5.0) -> None:
 def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int = 8001,
           metrics_port: int = 8002, models: Sequence[str] = (), exit_timeout_s: int = 30,
           log_file: Path | None = None, echo: Callable[[str], None] = print, ready_timeout_s: float = 300.0,
-          stop_event: threading.Event | None = None) -> int:
+          stop_event: threading.Event | None = None,
+          attach: Callable[[Endpoints], contextlib.AbstractContextManager[list[str]]] | None = None) -> int:
     """`trtbuild serve`: start, print the endpoints, block until SIGINT/SIGTERM, stop gracefully.
 
     Returns tritonserver's exit code (0 after a clean shutdown). `stop_event` lets a caller
-    (or a test) ask for the same shutdown without a signal.
+    (or a test) ask for the same shutdown without a signal. `attach` starts a front end once the
+    server is ready (its lines are printed) and is closed before the server drains.
     """
     stop = stop_event or threading.Event()
     server = TritonServer(repositories, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
@@ -334,9 +336,12 @@ def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int
         echo(f"tritonserver ready (pid {server.pid}); Ctrl-C stops it")
         for line in endpoints.lines(models):
             echo("  " + line)
-        while not stop.wait(0.5):
-            if not server.is_running():
-                raise BuildError(f"tritonserver exited unexpectedly: {server.failure_summary()}")
+        with attach(endpoints) if attach else contextlib.nullcontext([]) as attached:
+            for line in attached:
+                echo("  " + line)
+            while not stop.wait(0.5):
+                if not server.is_running():
+                    raise BuildError(f"tritonserver exited unexpectedly: {server.failure_summary()}")
         echo("stopping: draining in-flight requests ...")
         code = server.stop()
         echo(f"tritonserver stopped (exit code {code})")
