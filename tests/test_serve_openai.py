@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
+import requests
 from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
 
 from trtbuild.openai_api.text import FALLBACK_CHAT_TEMPLATE
@@ -199,10 +199,10 @@ def test_unknown_model_and_broken_bodies(served: Served) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         served.client.chat.completions.create(model="llm", messages=[])
     assert _error(caught)["param"] == "messages"
-    raw = httpx.post(f"{served.url}/completions", content=b"{not json", timeout=30,
+    raw = requests.post(f"{served.url}/completions", data=b"{not json", timeout=30,
                      headers={"Content-Type": "application/json"})
     assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
-    missing = httpx.get(f"{served.url}/nothing-here", timeout=30)
+    missing = requests.get(f"{served.url}/nothing-here", timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 

@@ -95,8 +95,10 @@ def bench_deployment(deploy_dir: Path, url: str, *, prompts: Sequence[str] | Non
 def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
          concurrency: Sequence[int] = (1, 2, 4, 8), echo: Callable[[str], None] = print,
          out_dir: Path | None = None) -> dict[str, Any]:
-    """For `make demo`: serve the deployment on free ports, answer one request, print the load-test
-    table (with the in-process ratio), and stop the server cleanly."""
+    """For `make demo`: serve the deployment on free ports (Triton and the OpenAI API), answer one
+    request through each, print the load-test table (with the in-process ratio), and stop cleanly."""
+    from openai import OpenAI
+
     from trtbuild.triton import client
     from trtbuild.triton.bench import table
     from trtbuild.triton.server import TritonServer
@@ -104,12 +106,19 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
     model_dir, info = local_model_dir(deploy_dir)
     prompt = prompt or default_prompts(1, chars=60)[0]
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
-                      exit_timeout_s=info.get("exit_timeout_s", 30)) as server:
-        for line in server.endpoints.lines([model_dir.name]):
+                      exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
+            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+        for line in server.endpoints.lines([model_dir.name]) + front_lines:
             echo("  " + line)
         answer = client.generate(server.endpoints.http, model_dir.name, prompt, max_tokens)
         echo(f"prompt:   {prompt!r}")
         echo(f"answer:   {answer.text!r} ({answer.num_tokens} tokens, {1e3 * answer.total_s:.0f} ms)")
+        openai_url = front_lines[0].split()[1]
+        chat = OpenAI(base_url=openai_url, api_key="unused").chat.completions.create(
+            model=info["model_name"], messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            temperature=0)
+        echo(f"openai:   chat.completions -> {chat.choices[0].message.content!r} "
+             f"({chat.usage.completion_tokens} tokens, finish_reason {chat.choices[0].finish_reason})")
         report = bench_deployment(deploy_dir, server.endpoints.http, concurrency=concurrency,
                                   max_tokens=max_tokens, out_dir=out_dir)
     rows = table(report)
