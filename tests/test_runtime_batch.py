@@ -70,17 +70,36 @@ def run(decoder: BatchDecoder, pending: dict[int, list]) -> dict[int, list[int]]
     return {seq.id: out[seq.id] for seq in seqs}
 
 
-@pytest.mark.parametrize("max_batch", [8, 3])
-def test_eight_concurrent_prompts_equal_single_stream(small_vocab: Generator, max_batch: int) -> None:
+@pytest.mark.parametrize("max_batch, prefill_tokens, speculate_up_to", [
+    (8, 128, None),  # four prefilled at once, the others join while those decode
+    (3, 128, None),  # more sequences than slots: they wait for one to finish
+    (8, 4, 3),  # one admission per step; drafting pauses while more than 3 decode, then resumes
+])
+def test_eight_concurrent_prompts_equal_single_stream(small_vocab: Generator, max_batch: int, prefill_tokens: int,
+                                                      speculate_up_to: int | None) -> None:
     gen = small_vocab
     speculator = Eagle3ChainSpeculator(gen.draft, 3, max_batch)
     new = 40
-    jobs = [dict(prompt=p, max_new_tokens=new, eos_token_ids=[], draft_slack=3,
+    jobs = [dict(prompt=p, max_new_tokens=new - 4 * (i % 3), eos_token_ids=[], draft_slack=3,
                  speculator=speculator if i % 3 else None) for i, p in enumerate(PROMPTS)]
-    # four at once, then the others join while those decode
-    got = run(BatchDecoder(gen.target, max_batch), {0: jobs[:4], 2: jobs[4:6], 5: jobs[6:]})
-    for (seq_id, tokens), prompt in zip(got.items(), PROMPTS, strict=True):
-        assert tokens == gen.generate(prompt, new, eos_token_ids=[]).tokens, seq_id
+    decoder = BatchDecoder(gen.target, max_batch, prefill_tokens=prefill_tokens, speculate_up_to=speculate_up_to)
+    got = run(decoder, {0: jobs[:4], 2: jobs[4:6], 5: jobs[6:]})
+    for i, ((seq_id, tokens), prompt) in enumerate(zip(got.items(), PROMPTS, strict=True)):
+        assert tokens == gen.generate(prompt, new - 4 * (i % 3), eos_token_ids=[]).tokens, seq_id
+
+
+def test_drafting_pauses_above_the_batch_limit_and_resumes(small_vocab: Generator) -> None:
+    gen = small_vocab
+    decoder = BatchDecoder(gen.target, 8, speculate_up_to=2)
+    speculator = Eagle3ChainSpeculator(gen.draft, 3, 8)
+    seqs = [decoder.add(p, 12 + 8 * i, eos_token_ids=[], speculator=speculator, draft_slack=3)
+            for i, p in enumerate(PROMPTS[:4])]
+    while not decoder.idle:
+        decoder.step()
+    last = seqs[-1].stats.accepted  # runs with 4, 3, then 2 and 1 sequences left
+    assert set(last[:4]) == {0} and any(a > 0 for a in last[-10:])
+    for seq, prompt in zip(seqs, PROMPTS, strict=False):
+        assert seq.emitted == gen.generate(prompt, seq.max_new, eos_token_ids=[]).tokens
 
 
 def test_speculative_steps_accept_partially_and_record_it(small_vocab: Generator) -> None:

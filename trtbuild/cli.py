@@ -196,20 +196,30 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
 @cli.command()
 @click.argument("recipe")
 @_set_option
-@click.option("--server", "server_url", default=None, metavar="URL",
-              help="Benchmark a running server (its HTTP endpoint) instead of the in-process runtime.")
-@click.option("--concurrency", default="1,2,4,8", show_default=True, help="--server: concurrency sweep.")
+@click.option("--server", "server_url", default=None, metavar="URL|local",
+              help="Load-test a server instead of the in-process runtime: an OpenAI base URL ending in /v1 "
+              "(`trtbuild serve`'s, or trtllm-serve's; driven by AIPerf), `local` (serve this deployment on free "
+              "ports for the run), or Triton's HTTP endpoint (trtbuild's own streaming loop).")
+@click.option("--concurrency", default=None, help="--server: concurrency levels, e.g. 1,8,32 (default: 1,8,32 "
+              "with AIPerf, 1,2,4,8 with trtbuild's own loop).")
+@click.option("--loadgen", type=click.Choice(["aiperf", "builtin"]), default="aiperf", show_default=True,
+              help="--server local: AIPerf against the OpenAI API (`make aiperf` installs it), or trtbuild's own "
+              "loop against Triton.")
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="--server: tokens per request.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str,
-          as_json: bool) -> None:
+def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str | None,
+          loadgen: str, max_tokens: int, as_json: bool) -> None:
     """Plain vs speculative decoding on the same prompts (in process), or a server load test."""
     if server_url:
-        from trtbuild.triton.commands import bench_deployment
+        from trtbuild.progress import Progress
+        from trtbuild.triton.commands import bench_server_url
 
         loaded, artifacts = _built(recipe, overrides, "deploy", not as_json)
-        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
-        report = bench_deployment(artifacts["deploy"], server_url, concurrency=levels,
-                                  out_dir=loaded.output_path / "bench")
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip()) if concurrency else None
+        report = bench_server_url(artifacts["deploy"], server_url, loadgen=loadgen, concurrency=levels,
+                                  max_tokens=max_tokens, out_dir=loaded.output_path / "bench",
+                                  echo=click.echo if not as_json else lambda _: None,
+                                  progress=Progress.for_terminal(enabled=not as_json))
     else:
         from trtbuild.progress import Progress
         from trtbuild.runtime.bench import BenchConfig, run_bench
@@ -230,6 +240,11 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
 
 
 def _print_bench(report: dict[str, Any]) -> None:
+    if report.get("loadgen") == "aiperf":
+        from trtbuild.loadgen.report import print_report
+
+        print_report(report, click.echo)
+        return
     if "levels" in report:
         from trtbuild.triton.bench import table
 

@@ -2,8 +2,8 @@
 boundaries, each with its own sampler and its own speculator state.
 
 A step either admits waiting sequences (one batched prefill; each emits its first token, so a
-new request's time to first token is one prefill, not the time the batch takes to drain) or
-decodes every running sequence: speculators propose draft chains, one target forward verifies
+new request's time to first token is about one prefill, not the time the batch takes to drain)
+or decodes every running sequence: speculators propose draft chains, one target forward verifies
 all of them (each sequence at its own position, padded to the longest chain), each sequence
 accepts the prefix of its drafts the target itself picks and gains one more token from the
 target, and finished sequences leave, freeing their slot for the next waiting one.
@@ -57,11 +57,22 @@ class Event:
 
 
 class BatchDecoder:
-    def __init__(self, target: TargetModel, max_batch: int) -> None:
+    """max_batch: sequences decoded together. prefill_tokens: prompt tokens one admission step
+    prefills (at least one sequence); admissions alternate with decode steps, so requests that
+    arrive together start (and so finish) at different steps and later arrivals stay spread out,
+    each paying one small prefill rather than waiting behind a batch of them. speculate_up_to:
+    speculators propose only while at most this many sequences decode (a batch of plain rows
+    already keeps a compute-bound device busy; None: always)."""
+
+    def __init__(self, target: TargetModel, max_batch: int, *, prefill_tokens: int = 128,
+                 speculate_up_to: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.target = target
         self.max_batch = max_batch
+        self.prefill_tokens = prefill_tokens
+        self.speculate_up_to = speculate_up_to
+        self._admitted_last = False
         s = target.spec
         self.kv = BatchKV(s.num_layers, max_batch, s.num_kv_heads, s.head_dim, target.dtype, target.device)
         self.running: list[Sequence] = []  # slot order: running[i] occupies slot i
@@ -105,11 +116,14 @@ class BatchDecoder:
     def step(self) -> list[Event]:
         """Admits waiting sequences if a slot is free, else decodes the running ones once."""
         events = self._drop_cancelled()
+        admit = bool(self.waiting) and len(self.running) < self.max_batch
         with torch.inference_mode():
-            if self.waiting and len(self.running) < self.max_batch:
+            if admit and not (self._admitted_last and self.running):
                 events += self._admit()
+                self._admitted_last = True
             elif self.running:
                 events += self._decode()
+                self._admitted_last = False
         return events
 
     def _drop_cancelled(self) -> list[Event]:
@@ -150,7 +164,11 @@ class BatchDecoder:
 
     def _admit(self) -> list[Event]:
         room = self.max_batch - len(self.running)
-        new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        new = [self.waiting.popleft()]
+        tokens = new[0].prompt_len
+        while self.waiting and len(new) < room and tokens + self.waiting[0].prompt_len <= self.prefill_tokens:
+            tokens += self.waiting[0].prompt_len
+            new.append(self.waiting.popleft())
         lo = len(self.running)
         width = max(seq.prompt_len for seq in new)
         device = self.target.device
@@ -185,7 +203,8 @@ class BatchDecoder:
         seqs = list(self.running)
         drafts: list[list[int]] = [[] for _ in seqs]
         t0 = time.perf_counter()
-        for speculator, rows in self._groups(seqs):
+        speculate = self.speculate_up_to is None or len(seqs) <= self.speculate_up_to
+        for speculator, rows in self._groups(seqs) if speculate else []:
             for i, proposal in zip(rows, speculator.propose([seqs[i] for i in rows]), strict=True):
                 # never past the context: the last verified row must have a RoPE position
                 drafts[i] = list(proposal[: self.target.max_positions - 1 - seqs[i].length])

@@ -72,6 +72,9 @@ class LocalTargetOptions(StageConfig):
                                   "(HTTP 400).")
     num_threads: int | None = Field(default=None, ge=1, description="torch threads of the model process "
                                     "(default: torch's own choice).")
+    speculative_max_batch: int | None = Field(default=None, ge=1, description="Draft only while at most this "
+                                              "many requests decode together (in-flight batching; a larger batch "
+                                              "of plain rows already keeps a CPU busy). Default: always.")
 
 
 class DeployConfig(StageConfig):

@@ -7,6 +7,7 @@ nothing in this module imports torch unless the benchmark's in-process baseline 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,110 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
              f"{report['ratio_c1']:.3f} (outputs identical: {report['outputs_identical']})")
     report["demo_answer"] = answer.text
     return report
+
+
+# -- `bench --server` with an established load generator (AIPerf) against the OpenAI API ----------
+
+LOADGEN_LEVELS = (1, 8, 32)
+
+
+def bench_openai(deploy_dir: Path, base_url: str, *, concurrency: Sequence[int] = LOADGEN_LEVELS,
+                 max_tokens: int = 64, prompts: Sequence[str] | None = None, baseline: bool = True,
+                 out_dir: Path | None = None, progress: Any = None) -> dict[str, Any]:
+    """AIPerf against an OpenAI-compatible endpoint (`trtbuild serve`'s, or trtllm-serve's on a GPU
+    host: base_url ends in /v1), with the in-process runtime's single-stream figures on the same
+    prompts beside it when the deployment has a local model."""
+    import requests
+
+    from trtbuild.loadgen import aiperf
+    from trtbuild.triton.bench import in_process, summarize
+    from trtbuild.triton.bundle_info import read_bundle
+
+    base_url = base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        raise UserError(f"{base_url} is not an OpenAI base URL", field="--server", fix="end it with /v1")
+    try:
+        models = requests.get(f"{base_url}/models", timeout=30).json()["data"]
+    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"no OpenAI model list at {base_url}/models ({exc})", field="--server",
+                        fix="start the server first (trtbuild serve RECIPE) or use --server local") from None
+    model = str(models[0]["id"])
+    tokenizer = deploy_dir / "bundle" / read_bundle(deploy_dir / "bundle").tokenizer
+    prompts = list(prompts or default_prompts(32))
+    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="trtbuild-bench-"))
+    report = aiperf.profile(base_url[: -len("/v1")], model, tokenizer, prompts, concurrency, max_tokens=max_tokens,
+                            out_dir=out_dir, progress=progress)
+    info = read_deployment(deploy_dir)
+    if baseline and info.get("local"):
+        from trtbuild.triton.textgen import generator_for_model
+
+        model_dir, _ = local_model_dir(deploy_dir)
+        run = in_process(generator_for_model(model_dir))
+        run(prompts[0], 4)  # warm-up
+        report["in_process"] = summarize([run(prompt, max_tokens) for prompt in prompts[:8]])
+        c1 = next((row for row in report["levels"] if row["concurrency"] == 1), None)
+        if c1 is not None:
+            report["ratio_c1"] = c1["tokens_per_s_per_user"] / max(report["in_process"]["tokens_per_s_per_user"], 1e-9)
+    report["criteria"] = serving_criteria(report["levels"])
+    _save_report(report, out_dir)
+    return report
+
+
+def serving_criteria(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 15's serving figures: throughput and TTFT p50 at concurrency 8 against 1, errors at 32."""
+    by = {row["concurrency"]: row for row in rows}
+    out: dict[str, Any] = {}
+    if 1 in by and 8 in by:
+        out["throughput_c8_over_c1"] = by[8]["throughput_tokens_per_s"] / max(by[1]["throughput_tokens_per_s"], 1e-9)
+        out["ttft_p50_c8_over_c1"] = by[8]["ttft_ms_p50"] / max(by[1]["ttft_ms_p50"], 1e-9)
+    if 32 in by:
+        out["errors_c32"] = by[32]["errors"]
+    return out
+
+
+def _save_report(report: dict[str, Any], out_dir: Path) -> None:
+    import json
+
+    from trtbuild.triton.bench import plot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report["plot"] = str(plot(report, out_dir / "bench_server.png"))
+    (out_dir / "bench_server.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def bench_local(deploy_dir: Path, *, loadgen: str = "aiperf", concurrency: Sequence[int] | None = None,
+                max_tokens: int = 64, out_dir: Path | None = None, echo: Callable[[str], None] = print,
+                progress: Any = None) -> dict[str, Any]:
+    """`bench --server local`: serve the deployment on free ports (Triton and the OpenAI API), load it
+    with AIPerf (or, loadgen builtin, trtbuild's own loop against Triton), stop it cleanly."""
+    from trtbuild.triton.server import TritonServer
+
+    model_dir, info = local_model_dir(deploy_dir)
+    with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
+                      exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
+            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+        for line in server.endpoints.lines() + front_lines:
+            echo("  " + line)
+        if loadgen == "builtin":
+            return bench_deployment(deploy_dir, server.endpoints.http, concurrency=concurrency or (1, 2, 4, 8),
+                                    max_tokens=max_tokens, out_dir=out_dir, progress=progress)
+        return bench_openai(deploy_dir, front_lines[0].split()[1], concurrency=concurrency or LOADGEN_LEVELS,
+                            max_tokens=max_tokens, out_dir=out_dir, progress=progress)
+
+
+def bench_server_url(deploy_dir: Path, server: str, *, loadgen: str = "aiperf",
+                     concurrency: Sequence[int] | None = None, max_tokens: int = 64, out_dir: Path | None = None,
+                     echo: Callable[[str], None] = print, progress: Any = None) -> dict[str, Any]:
+    """`bench --server SERVER`: `local`, an OpenAI base URL (…/v1: AIPerf), or Triton's HTTP endpoint
+    (trtbuild's own streaming loop, the fallback)."""
+    if server == "local":
+        return bench_local(deploy_dir, loadgen=loadgen, concurrency=concurrency, max_tokens=max_tokens,
+                           out_dir=out_dir, echo=echo, progress=progress)
+    if server.rstrip("/").endswith("/v1"):
+        if loadgen == "builtin":
+            raise UserError("trtbuild's own loop speaks Triton's generate_stream, not the OpenAI API",
+                            field="--loadgen", fix="pass Triton's HTTP endpoint, or drop --loadgen builtin")
+        return bench_openai(deploy_dir, server, concurrency=concurrency or LOADGEN_LEVELS, max_tokens=max_tokens,
+                            out_dir=out_dir, progress=progress)
+    return bench_deployment(deploy_dir, server, concurrency=concurrency or (1, 2, 4, 8), max_tokens=max_tokens,
+                            out_dir=out_dir, progress=progress)

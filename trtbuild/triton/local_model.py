@@ -71,7 +71,8 @@ class TritonPythonModel:
         self.default_max_tokens = int(params["default_max_tokens"])
         self.max_tokens_limit = int(params["max_tokens_limit"])
         self.generator = generator_from_params(params, model_dir)
-        self.batcher = TextBatcher(self.generator, max(1, max_batch_size))
+        speculate_up_to = int(params["speculative_max_batch"]) if params.get("speculative_max_batch") else None
+        self.batcher = TextBatcher(self.generator, max(1, max_batch_size), speculate_up_to)
         self._tags = itertools.count()
         self._warm_up()
         self.work: queue.Queue[Any] = queue.Queue()

@@ -59,6 +59,7 @@ def local_config(config: Any, bundle: BundleInfo, model_dir: Path, bundle_link: 
         "default_max_tokens": str(min(config.local.default_max_tokens, config.local.max_tokens_limit)),
         "max_tokens_limit": str(config.local.max_tokens_limit),
         "num_threads": str(config.local.num_threads or ""),
+        "speculative_max_batch": str(config.local.speculative_max_batch or ""),
     }
     return {
         "name": config.model_name,

@@ -30,9 +30,10 @@ class TextEvent:
 
 
 class TextBatcher:
-    def __init__(self, generator: TextGenerator, max_batch: int) -> None:
+    def __init__(self, generator: TextGenerator, max_batch: int, speculate_up_to: int | None = None) -> None:
         self.text = generator
         self.max_batch = max_batch
+        self.speculate_up_to = speculate_up_to
         self.draft_len = generator.spec.max_draft_len if generator.spec is not None else 0
         self._fresh()
 
@@ -40,7 +41,7 @@ class TextBatcher:
         from trtbuild.runtime.batch import BatchDecoder
 
         runtime = self.text.generator
-        self.decoder = BatchDecoder(runtime.target, self.max_batch)
+        self.decoder = BatchDecoder(runtime.target, self.max_batch, speculate_up_to=self.speculate_up_to)
         self.speculator: Any = None
         if self.text.spec is not None:
             from trtbuild.runtime.batch_eagle3 import Eagle3ChainSpeculator
