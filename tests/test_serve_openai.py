@@ -206,6 +206,22 @@ def test_unknown_model_and_broken_bodies(served: Served) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
 
 
+def test_documented_client_snippet_works_unchanged(served: Served, reference: Reference) -> None:
+    """scripts/openai_client.py (shown in docs/serving.md) against this server, configured only
+    through OPENAI_BASE_URL, prints the greedy chat answer."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    script = root / "scripts" / "openai_client.py"
+    assert script.read_text().strip() in (root / "docs" / "serving.md").read_text()
+    env = {**os.environ, "OPENAI_BASE_URL": served.url}
+    env.pop("OPENAI_API_KEY", None)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    messages = [{"role": "user", "content": "What does the for statement do?"}]
+    assert out.stdout == reference.complete(reference.chat_prompt(messages), 32) + "\n"
+
+
 def test_sigterm_stops_front_and_server_cleanly(served: Served) -> None:
     """Last: a streamed request in flight finishes, then everything exits."""
     result: dict[str, Any] = {}

@@ -65,7 +65,8 @@ class LocalTargetOptions(StageConfig):
     speculative: bool = Field(default=True, description="Use the bundle's EAGLE-3 draft (when it has one); "
                               "greedy output is identical either way, only faster.")
     speculation: Literal["chain", "tree"] = Field(default="chain", description="Draft shape: a chain of "
-                                                  "max_draft_len tokens or a tree.")
+                                                  "max_draft_len tokens or a tree (single-stream runtime; the "
+                                                  "served model batches requests and drafts chains).")
     default_max_tokens: int = Field(default=64, ge=1, description="Tokens generated when a request does not "
                                     "say (max_tokens).")
     max_tokens_limit: int = Field(default=1024, ge=1, description="Requests asking for more are refused "
