@@ -9,12 +9,12 @@ tie to plain greedy decoding.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 from runtime_fixtures import eagle_module_model, export_draft, one_thread  # noqa: F401
 from test_runtime_fp8 import quantize_and_export
+from test_runtime_speculative import build_pair
 
 from trtbuild.runtime import Generator, SamplingParams, load_draft, load_target
 from trtbuild.runtime.batch import BatchDecoder
@@ -28,17 +28,10 @@ PROMPTS = [[1, 2, 3], [7, 7, 0, 5, 4], [3, 6, 1, 0, 2, 2, 5], [4], [5, 5, 5, 5, 
            [6, 1, 6], [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]]
 
 
-def pair(root: Path, vocab: int, draft_vocab: int, **target_kw) -> Generator:
-    random_llama(root / "target", vocab=vocab, **target_kw)
-    export_draft(eagle_module_model(root / "target", draft_vocab=draft_vocab), root / "eagle3")
-    target = load_target(root / "target")
-    return Generator(target, load_draft(root / "eagle3", target))
-
-
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory) -> Generator:
     """Vocabulary 8: a random draft is often right, so acceptance is partial and varied."""
-    return pair(tmp_path_factory.mktemp("batch8"), 8, 6, layers=2, hidden=32, intermediate=64, heads=2,
+    return build_pair(tmp_path_factory.mktemp("batch8"), 8, 6, layers=2, hidden=32, intermediate=64, heads=2,
                 kv_heads=1)
 
 
