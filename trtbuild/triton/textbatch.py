@@ -20,6 +20,18 @@ from typing import Any
 from trtbuild.triton.textgen import Chunk, GenRequest, TextDeltas, TextGenerator
 
 
+def speculator_for(generator: TextGenerator, max_batch: int) -> Any:
+    """The batch's speculator (trtbuild.runtime.speculator.Speculator) for the deployment's
+    speculation settings, or None. Another kind of speculator (n-gram / prompt lookup) is chosen here."""
+    if generator.spec is None:
+        return None
+    from trtbuild.runtime.batch_eagle3 import Eagle3ChainSpeculator
+
+    draft = generator.generator.draft
+    assert draft is not None
+    return Eagle3ChainSpeculator(draft, generator.spec.max_draft_len, max_batch, generator.spec.min_draft_prob)
+
+
 @dataclass
 class TextEvent:
     tag: Hashable
@@ -40,15 +52,8 @@ class TextBatcher:
     def _fresh(self) -> None:
         from trtbuild.runtime.batch import BatchDecoder
 
-        runtime = self.text.generator
-        self.decoder = BatchDecoder(runtime.target, self.max_batch, speculate_up_to=self.speculate_up_to)
-        self.speculator: Any = None
-        if self.text.spec is not None:
-            from trtbuild.runtime.batch_eagle3 import Eagle3ChainSpeculator
-
-            assert runtime.draft is not None
-            self.speculator = Eagle3ChainSpeculator(runtime.draft, self.draft_len, self.max_batch,
-                                                    self.text.spec.min_draft_prob)
+        self.decoder = BatchDecoder(self.text.generator.target, self.max_batch, speculate_up_to=self.speculate_up_to)
+        self.speculator = speculator_for(self.text, self.max_batch)
         self._live: dict[Hashable, tuple[Any, TextDeltas]] = {}
 
     @property
