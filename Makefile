@@ -18,8 +18,15 @@ VENV11 := .venv-trtllm11
 STAMP11 := $(VENV11)/.installed
 # Only these modules are collected there (the rest import triton / pytriton, absent from that stack).
 TESTS11 ?= tests/test_contract.py tests/test_trtllm11_stages.py
+# `make bench` also load-tests a server with AIPerf: `local` serves the recipe's deployment for the
+# run; an OpenAI base URL (http://HOST:PORT/v1, e.g. trtllm-serve on a GPU host) loads that server;
+# empty skips it.
+BENCH_SERVER ?= local
+# AIPerf pins its own stack, so it gets its own environment.
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
 
-.PHONY: demo test test-fast test-trtllm11 venv-trtllm11 lint validate plan build deploy bench clean-venv
+.PHONY: demo test test-fast test-trtllm11 venv-trtllm11 lint validate plan build deploy bench aiperf clean-venv
 
 ifdef SYSTEM_PYTHON
 # GPU hosts: use the Python that has TensorRT-LLM and CUDA torch (e.g. the TensorRT-LLM container's),
@@ -45,7 +52,15 @@ demo: $(STAMP)
 	$(BIN)/trtbuild bench $(RECIPE)
 	$(BIN)/trtbuild demo $(RECIPE)
 
-test: $(STAMP) $(STAMP11)
+$(AIPERF_STAMP): requirements-aiperf.txt
+	@test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV) || python3 -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install -q -r requirements-aiperf.txt
+	@touch $(AIPERF_STAMP)
+
+aiperf: $(AIPERF_STAMP)
+
+test: $(STAMP) $(STAMP11) $(AIPERF_STAMP)
 	$(BIN)/python -m pytest -q -ra
 	$(MAKE) --no-print-directory test-trtllm11
 
@@ -86,10 +101,15 @@ build deploy: $(STAMP)
 	@mkdir -p $(REPORTS)/$@; out=$(REPORTS)/$@/$$(basename $(RECIPE) .yaml).json; \
 	$(BIN)/trtbuild $@ $(RECIPE) --json > $$out; rc=$$?; cat $$out; [ -s $$out ] || rm -f $$out; exit $$rc
 
-bench: $(STAMP)
+bench: $(STAMP) $(if $(BENCH_SERVER),$(AIPERF_STAMP))
 	@mkdir -p $(REPORTS)/bench; out=$(REPORTS)/bench/$$(basename $(RECIPE) .yaml).json; \
 	$(BIN)/trtbuild bench $(RECIPE) --json $(BENCH_ARGS) > $$out; rc=$$?; cat $$out; \
-	[ -s $$out ] || rm -f $$out; exit $$rc
+	[ -s $$out ] || rm -f $$out; [ $$rc = 0 ] || exit $$rc; \
+	if [ -n "$(BENCH_SERVER)" ]; then \
+	  mkdir -p $(REPORTS)/bench-server; out=$(REPORTS)/bench-server/$$(basename $(RECIPE) .yaml).json; \
+	  $(BIN)/trtbuild bench $(RECIPE) --server $(BENCH_SERVER) --json > $$out; rc=$$?; cat $$out; \
+	  [ -s $$out ] || rm -f $$out; exit $$rc; \
+	fi
 
 clean-venv:
-	rm -rf $(VENV) $(VENV11)
+	rm -rf $(VENV) $(VENV11) $(AIPERF_VENV)

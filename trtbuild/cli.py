@@ -162,9 +162,11 @@ def _built(recipe: str, overrides: tuple[str, ...], until: str, progress_enabled
 @click.option("--http-port", type=int, default=None, help="Default: deploy.http_port (0 = a free port).")
 @click.option("--grpc-port", type=int, default=None, help="Default: deploy.grpc_port.")
 @click.option("--metrics-port", type=int, default=None, help="Default: deploy.metrics_port.")
+@click.option("--openai-port", type=int, default=None, help="Default: deploy.openai_port.")
 def serve(recipe: str, overrides: tuple[str, ...], http_port: int | None, grpc_port: int | None,
-          metrics_port: int | None) -> None:
-    """Build the recipe if needed, then serve its deployment with a real Triton server on 127.0.0.1."""
+          metrics_port: int | None, openai_port: int | None) -> None:
+    """Build the recipe if needed, then serve its deployment on 127.0.0.1: a real Triton server and
+    an OpenAI-compatible API in front of it."""
     from trtbuild.triton.commands import serve_deployment
 
     loaded, artifacts = _built(recipe, overrides, "deploy", True)
@@ -172,7 +174,7 @@ def serve(recipe: str, overrides: tuple[str, ...], http_port: int | None, grpc_p
         raise UserError("the recipe has no deploy stage", file=recipe, field="deploy",
                         fix="add a `deploy:` section")
     code = serve_deployment(artifacts["deploy"], http_port=http_port, grpc_port=grpc_port,
-                            metrics_port=metrics_port, echo=click.echo)
+                            metrics_port=metrics_port, openai_port=openai_port, echo=click.echo)
     sys.exit(code)
 
 
@@ -194,23 +196,33 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
 @cli.command()
 @click.argument("recipe")
 @_set_option
-@click.option("--server", "server_url", default=None, metavar="URL",
-              help="Benchmark a running server (its HTTP endpoint) instead of the in-process runtime.")
-@click.option("--concurrency", default="1,2,4,8", show_default=True, help="--server: concurrency sweep.")
+@click.option("--server", "server_url", default=None, metavar="URL|local",
+              help="Load-test a server instead of the in-process runtime: an OpenAI base URL ending in /v1 "
+              "(`trtbuild serve`'s, or trtllm-serve's; driven by AIPerf), `local` (serve this deployment on free "
+              "ports for the run), or Triton's HTTP endpoint (trtbuild's own streaming loop).")
+@click.option("--concurrency", default=None, help="--server: concurrency levels, e.g. 1,8,32 (default: 1,8,32 "
+              "with AIPerf, 1,2,4,8 with trtbuild's own loop).")
+@click.option("--loadgen", type=click.Choice(["aiperf", "builtin"]), default="aiperf", show_default=True,
+              help="--server local: AIPerf against the OpenAI API (`make aiperf` installs it), or trtbuild's own "
+              "loop against Triton.")
 @click.option("--target", "server_target", type=click.Choice(["local", "trtllm"]), default="local",
-              show_default=True, help="--server: which repository the server runs (trtllm: the GPU "
-              "deployment; requests use its field names, no in-process baseline).")
+              show_default=True, help="--server with Triton's HTTP endpoint: which repository the server runs "
+              "(trtllm: the GPU deployment; requests use its field names, no in-process baseline).")
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="--server: tokens per request.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str,
-          server_target: str, as_json: bool) -> None:
+def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str | None,
+          loadgen: str, server_target: str, max_tokens: int, as_json: bool) -> None:
     """Plain vs speculative decoding on the same prompts (in process), or a server load test."""
     if server_url:
-        from trtbuild.triton.commands import bench_deployment
+        from trtbuild.progress import Progress
+        from trtbuild.triton.commands import bench_server_url
 
         loaded, artifacts = _built(recipe, overrides, "deploy", not as_json)
-        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
-        report = bench_deployment(artifacts["deploy"], server_url, concurrency=levels,
-                                  out_dir=_bench_dir(loaded), target=server_target)
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip()) if concurrency else None
+        report = bench_server_url(artifacts["deploy"], server_url, loadgen=loadgen, concurrency=levels,
+                                  max_tokens=max_tokens, out_dir=_bench_dir(loaded), target=server_target,
+                                  echo=click.echo if not as_json else lambda _: None,
+                                  progress=Progress.for_terminal(enabled=not as_json))
     else:
         from trtbuild.progress import Progress
         from trtbuild.runtime.bench import BenchConfig, run_bench
@@ -231,6 +243,11 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
 
 
 def _print_bench(report: dict[str, Any]) -> None:
+    if report.get("loadgen") == "aiperf":
+        from trtbuild.loadgen.report import print_report
+
+        print_report(report, click.echo)
+        return
     if "levels" in report:
         from trtbuild.triton.bench import table
 

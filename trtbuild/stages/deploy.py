@@ -82,7 +82,8 @@ class LocalTargetOptions(StageConfig):
     speculative: bool = Field(default=True, description="Use the bundle's EAGLE-3 draft (when it has one); "
                               "greedy output is identical either way, only faster.")
     speculation: Literal["chain", "tree"] = Field(default="chain", description="Draft shape: a chain of "
-                                                  "max_draft_len tokens or a tree.")
+                                                  "max_draft_len tokens or a tree (single-stream runtime; the "
+                                                  "served model batches requests and drafts chains).")
     default_max_tokens: int = Field(default=64, ge=1, le=1 << 20, description="Tokens generated when a request does not "
                                     "say (max_tokens).")
     max_tokens_limit: int = Field(default=1024, ge=1, le=1 << 20, description="Requests asking for more are refused "
@@ -91,6 +92,9 @@ class LocalTargetOptions(StageConfig):
                                   "(UTF-8 bytes) are refused (HTTP 400) before they are decoded or tokenized.")
     num_threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads of the model process "
                                     "(default: torch's own choice).")
+    speculative_max_batch: int | None = Field(default=None, ge=1, le=1 << 16, description="Draft only while at most this "
+                                              "many requests decode together (in-flight batching; a larger batch "
+                                              "of plain rows already keeps a CPU busy). Default: always.")
 
 
 class DeployConfig(StageConfig):
@@ -111,6 +115,8 @@ class DeployConfig(StageConfig):
     http_port: int = Field(default=8000, ge=1, le=65535, description="HTTP port (127.0.0.1 for `serve`).")
     grpc_port: int = Field(default=8001, ge=1, le=65535, description="gRPC port.")
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Prometheus metrics port.")
+    openai_port: int = Field(default=8003, ge=1, le=65535, description="`serve` / `demo`: the OpenAI-compatible "
+                             "API (/v1/models, /v1/completions, /v1/chat/completions) in front of the local model.")
     exit_timeout_s: int = Field(default=30, ge=1, le=86400, description="On shutdown, how long in-flight requests may "
                                 "take to finish.")
     trtllm: TrtllmTargetOptions = Field(default_factory=TrtllmTargetOptions, description="trtllm target.")
@@ -155,9 +161,9 @@ class DeployStage(Stage):
         if engine is not None and config.max_batch_size and config.max_batch_size > engine.max_batch_size:
             problems.append(f"deploy.max_batch_size: {config.max_batch_size} exceeds engine.max_batch_size "
                             f"{engine.max_batch_size} (fix: lower it or raise the engine's)")
-        ports = [config.http_port, config.grpc_port, config.metrics_port]
-        if len(set(ports)) != 3:
-            problems.append(f"deploy: http/grpc/metrics ports must differ, got {ports}")
+        ports = [config.http_port, config.grpc_port, config.metrics_port, config.openai_port]
+        if len(set(ports)) != 4:
+            problems.append(f"deploy: http/grpc/metrics/openai ports must differ, got {ports}")
         return problems
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:

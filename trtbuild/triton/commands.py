@@ -6,7 +6,9 @@ nothing in this module imports torch unless the benchmark's in-process baseline 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +26,42 @@ def local_model_dir(deploy_dir: Path) -> tuple[Path, dict[str, Any]]:
     return deploy_dir / local["repository"] / local["model"], info
 
 
-def serve_deployment(deploy_dir: Path, *, http_port: int | None = None, grpc_port: int | None = None,
-                     metrics_port: int | None = None, echo: Callable[[str], None] = print,
-                     log_file: Path | None = None) -> int:
-    """Serve the deployment's local repository on 127.0.0.1 until SIGINT/SIGTERM; returns the exit code.
+def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
+                 ) -> Callable[[Any], contextlib.AbstractContextManager[list[str]]]:
+    """For `serve(attach=...)`: the OpenAI-compatible API in front of the started Triton server."""
 
-    Ports default to the recipe's deploy.http_port / grpc_port / metrics_port; 0 picks a free one."""
+    @contextlib.contextmanager
+    def attach(endpoints: Any) -> Iterator[list[str]]:
+        from trtbuild.openai_api.runner import OpenAIFront, front_config
+
+        config = front_config(model_dir, endpoints.http)
+        with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
+            yield [f"OpenAI   {front.url}  (/models, /completions, /chat/completions; "
+                   f"model \"{config.model_id}\")"]
+
+    return attach
+
+
+def serve_deployment(deploy_dir: Path, *, http_port: int | None = None, grpc_port: int | None = None,
+                     metrics_port: int | None = None, openai_port: int | None = None,
+                     echo: Callable[[str], None] = print, log_file: Path | None = None) -> int:
+    """Serve the deployment's local repository on 127.0.0.1 until SIGINT/SIGTERM, with the
+    OpenAI-compatible API in front of it; returns the exit code.
+
+    Ports default to the recipe's deploy.http_port / grpc_port / metrics_port / openai_port;
+    0 picks a free one."""
     from trtbuild.triton.server import serve
 
     model_dir, info = local_model_dir(deploy_dir)
     ports = info["ports"]
+    exit_timeout_s = info.get("exit_timeout_s", 30)
+    openai = ports.get("openai", 8003) if openai_port is None else openai_port
     return serve([model_dir.parent], models=[model_dir.name],
                  http_port=ports["http"] if http_port is None else http_port,
                  grpc_port=ports["grpc"] if grpc_port is None else grpc_port,
                  metrics_port=ports["metrics"] if metrics_port is None else metrics_port,
-                 exit_timeout_s=info.get("exit_timeout_s", 30), echo=echo, log_file=log_file)
+                 exit_timeout_s=exit_timeout_s, echo=echo, log_file=log_file,
+                 attach=openai_front(model_dir, openai, drain_timeout_s=exit_timeout_s))
 
 
 def default_prompts(count: int = 8, chars: int = 80) -> list[str]:
@@ -90,8 +113,10 @@ def bench_deployment(deploy_dir: Path, url: str, *, prompts: Sequence[str] | Non
 def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
          concurrency: Sequence[int] = (1, 2, 4, 8), echo: Callable[[str], None] = print,
          out_dir: Path | None = None) -> dict[str, Any]:
-    """For `make demo`: serve the deployment on free ports, answer one request, print the load-test
-    table (with the in-process ratio), and stop the server cleanly."""
+    """For `make demo`: serve the deployment on free ports (Triton and the OpenAI API), answer one
+    request through each, print the load-test table (with the in-process ratio), and stop cleanly."""
+    from openai import OpenAI
+
     from trtbuild.triton import client
     from trtbuild.triton.bench import table
     from trtbuild.triton.server import TritonServer
@@ -99,12 +124,19 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
     model_dir, info = local_model_dir(deploy_dir)
     prompt = prompt or default_prompts(1, chars=60)[0]
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
-                      exit_timeout_s=info.get("exit_timeout_s", 30)) as server:
-        for line in server.endpoints.lines([model_dir.name]):
+                      exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
+            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+        for line in server.endpoints.lines([model_dir.name]) + front_lines:
             echo("  " + line)
         answer = client.generate(server.endpoints.http, model_dir.name, prompt, max_tokens)
         echo(f"prompt:   {prompt!r}")
         echo(f"answer:   {answer.text!r} ({answer.num_tokens} tokens, {1e3 * answer.total_s:.0f} ms)")
+        openai_url = front_lines[0].split()[1]
+        chat = OpenAI(base_url=openai_url, api_key="unused").chat.completions.create(
+            model=info["model_name"], messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            temperature=0)
+        echo(f"openai:   chat.completions -> {chat.choices[0].message.content!r} "
+             f"({chat.usage.completion_tokens} tokens, finish_reason {chat.choices[0].finish_reason})")
         report = bench_deployment(deploy_dir, server.endpoints.http, concurrency=concurrency,
                                   max_tokens=max_tokens, out_dir=out_dir)
     rows = table(report)
@@ -116,3 +148,111 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
              f"{report['ratio_c1']:.3f} (outputs identical: {report['outputs_identical']})")
     report["demo_answer"] = answer.text
     return report
+
+
+# -- `bench --server` with an established load generator (AIPerf) against the OpenAI API ----------
+
+LOADGEN_LEVELS = (1, 8, 32)
+
+
+def bench_openai(deploy_dir: Path, base_url: str, *, concurrency: Sequence[int] = LOADGEN_LEVELS,
+                 max_tokens: int = 64, prompts: Sequence[str] | None = None, baseline: bool = True,
+                 out_dir: Path | None = None, progress: Any = None) -> dict[str, Any]:
+    """AIPerf against an OpenAI-compatible endpoint (`trtbuild serve`'s, or trtllm-serve's on a GPU
+    host: base_url ends in /v1), with the in-process runtime's single-stream figures on the same
+    prompts beside it when the deployment has a local model."""
+    import requests
+
+    from trtbuild.loadgen import aiperf
+    from trtbuild.triton.bench import in_process, summarize
+    from trtbuild.triton.bundle_info import read_bundle
+
+    base_url = base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        raise UserError(f"{base_url} is not an OpenAI base URL", field="--server", fix="end it with /v1")
+    try:
+        models = requests.get(f"{base_url}/models", timeout=30).json()["data"]
+    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"no OpenAI model list at {base_url}/models ({exc})", field="--server",
+                        fix="start the server first (trtbuild serve RECIPE) or use --server local") from None
+    model = str(models[0]["id"])
+    tokenizer = deploy_dir / "bundle" / read_bundle(deploy_dir / "bundle").tokenizer
+    prompts = list(prompts or default_prompts(32))
+    out_dir = out_dir or Path(tempfile.mkdtemp(prefix="trtbuild-bench-"))
+    report = aiperf.profile(base_url[: -len("/v1")], model, tokenizer, prompts, concurrency, max_tokens=max_tokens,
+                            out_dir=out_dir, progress=progress)
+    info = read_deployment(deploy_dir)
+    if baseline and info.get("local"):
+        from trtbuild.triton.textgen import generator_for_model
+
+        model_dir, _ = local_model_dir(deploy_dir)
+        run = in_process(generator_for_model(model_dir))
+        run(prompts[0], 4)  # warm-up
+        report["in_process"] = summarize([run(prompt, max_tokens) for prompt in prompts[:8]])
+        c1 = next((row for row in report["levels"] if row["concurrency"] == 1), None)
+        if c1 is not None:
+            report["ratio_c1"] = c1["tokens_per_s_per_user"] / max(report["in_process"]["tokens_per_s_per_user"], 1e-9)
+    report["criteria"] = serving_criteria(report["levels"])
+    _save_report(report, out_dir)
+    return report
+
+
+def serving_criteria(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 15's serving figures: throughput and TTFT p50 at concurrency 8 against 1, errors at 32."""
+    by = {row["concurrency"]: row for row in rows}
+    out: dict[str, Any] = {}
+    if 1 in by and 8 in by:
+        out["throughput_c8_over_c1"] = by[8]["throughput_tokens_per_s"] / max(by[1]["throughput_tokens_per_s"], 1e-9)
+        out["ttft_p50_c8_over_c1"] = by[8]["ttft_ms_p50"] / max(by[1]["ttft_ms_p50"], 1e-9)
+    if 32 in by:
+        out["errors_c32"] = by[32]["errors"]
+    return out
+
+
+def _save_report(report: dict[str, Any], out_dir: Path) -> None:
+    import json
+
+    from trtbuild.triton.bench import plot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report["plot"] = str(plot(report, out_dir / "bench_server.png"))
+    (out_dir / "bench_server.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def bench_local(deploy_dir: Path, *, loadgen: str = "aiperf", concurrency: Sequence[int] | None = None,
+                max_tokens: int = 64, out_dir: Path | None = None, echo: Callable[[str], None] = print,
+                progress: Any = None) -> dict[str, Any]:
+    """`bench --server local`: serve the deployment on free ports (Triton and the OpenAI API), load it
+    with AIPerf (or, loadgen builtin, trtbuild's own loop against Triton), stop it cleanly."""
+    from trtbuild.triton.server import TritonServer
+
+    model_dir, info = local_model_dir(deploy_dir)
+    with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
+                      exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
+            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+        for line in server.endpoints.lines() + front_lines:
+            echo("  " + line)
+        if loadgen == "builtin":
+            return bench_deployment(deploy_dir, server.endpoints.http, concurrency=concurrency or (1, 2, 4, 8),
+                                    max_tokens=max_tokens, out_dir=out_dir, progress=progress)
+        return bench_openai(deploy_dir, front_lines[0].split()[1], concurrency=concurrency or LOADGEN_LEVELS,
+                            max_tokens=max_tokens, out_dir=out_dir, progress=progress)
+
+
+def bench_server_url(deploy_dir: Path, server: str, *, loadgen: str = "aiperf",
+                     concurrency: Sequence[int] | None = None, max_tokens: int = 64, out_dir: Path | None = None,
+                     target: str = "local", echo: Callable[[str], None] = print,
+                     progress: Any = None) -> dict[str, Any]:
+    """`bench --server SERVER`: `local`, an OpenAI base URL (…/v1: AIPerf), or Triton's HTTP endpoint
+    (trtbuild's own streaming loop, the fallback; `target` names the repository that server runs)."""
+    if server == "local":
+        return bench_local(deploy_dir, loadgen=loadgen, concurrency=concurrency, max_tokens=max_tokens,
+                           out_dir=out_dir, echo=echo, progress=progress)
+    if server.rstrip("/").endswith("/v1"):
+        if loadgen == "builtin":
+            raise UserError("trtbuild's own loop speaks Triton's generate_stream, not the OpenAI API",
+                            field="--loadgen", fix="pass Triton's HTTP endpoint, or drop --loadgen builtin")
+        return bench_openai(deploy_dir, server, concurrency=concurrency or LOADGEN_LEVELS, max_tokens=max_tokens,
+                            out_dir=out_dir, progress=progress)
+    return bench_deployment(deploy_dir, server, concurrency=concurrency or (1, 2, 4, 8), max_tokens=max_tokens,
+                            out_dir=out_dir, progress=progress, target=target)

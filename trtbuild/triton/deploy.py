@@ -57,7 +57,8 @@ def build_deployment(config: DeployConfig, ctx: StageContext) -> StageResult:
         "format": DEPLOY_FORMAT, "model_name": config.model_name, "targets": list(config.target),
         "bundle": "bundle", "backend": bundle.backend, "max_batch_size": max_batch_size,
         "max_draft_len": bundle.max_draft_len, "decoupled": config.decoupled,
-        "ports": {"http": config.http_port, "grpc": config.grpc_port, "metrics": config.metrics_port},
+        "ports": {"http": config.http_port, "grpc": config.grpc_port, "metrics": config.metrics_port,
+                  "openai": config.openai_port},
         "exit_timeout_s": config.exit_timeout_s,
     }
     metrics: dict[str, Any] = {"max_batch_size": max_batch_size, "max_draft_len": bundle.max_draft_len}

@@ -6,15 +6,18 @@ Protocol (KServe v2 tensors, also reachable through the generate / generate_stre
            stream (BOOL: one response per decode step), speculative (BOOL: use the EAGLE-3 draft)
   outputs  text_output (BYTES: the generated text, or this step's piece of it when streaming),
            output_ids (INT32: the token ids of the same span)
-Decoupled (the default), requests go to a worker thread that decodes them one after the other and
-streams a response per decode step when `stream` is true, or sends one response with all the text
-(what /generate needs). Without the decoupled policy, `execute` answers each request itself.
+Decoupled (the default), requests go to a decode thread that batches them in flight, as
+TensorRT-LLM's executor does: up to max_batch_size requests decode together, a new one joins at
+the next step boundary (its prefill gives its first token), a finished or cancelled one leaves,
+and each keeps its own sampler and speculative state (trtbuild.runtime.batch). With `stream` it
+gets a response per decode step, else one response with all the text (what /generate needs).
+Without the decoupled policy, `execute` decodes the requests it is handed together and answers them.
 Bad values are answered with INVALID_ARG, which HTTP clients see as a 400 with the message: a
 value of the wrong type too, and a prompt over `max_prompt_bytes` (checked on the raw bytes, before
-decoding or tokenizing). Non-streaming generations are decoded step by step like streams, so an
-abandoned request (cancelled by its client) stops within CANCEL_CHECK_S. On shutdown the server
-creates the file named by TRTBUILD_DRAIN_FILE when the drain time is up: requests in flight end then
-(streams with their last piece sent, others with UNAVAILABLE), queued ones are answered UNAVAILABLE.
+decoding or tokenizing). Every request, streaming or not, is checked for cancellation every
+CANCEL_CHECK_S, so an abandoned one leaves the batch. On shutdown the server creates the file named
+by TRTBUILD_DRAIN_FILE when the drain time is up: requests in flight end then (streams with their
+last piece sent, others with UNAVAILABLE), new ones are answered UNAVAILABLE.
 
 The model's parameters (config.pbtxt) name the bundle's directories relative to this model's
 directory; the runtime and transformers come from the environment the stub runs in.
@@ -22,9 +25,11 @@ directory; the runtime and transformers come from the environment the stub runs 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -37,6 +42,12 @@ import triton_python_backend_utils as pb_utils
 CANCEL_CHECK_S = 0.05  # a cancelled stream stops within one decode step of this
 DEFAULT_MAX_PROMPT_BYTES = 1 << 20
 _KINDS = {int: "iu", float: "iuf", bool: "b"}  # numpy dtype kinds each Python type accepts
+
+# The stub's embedded interpreter ignores PYTHONPATH, where the launcher (server.server_env) names
+# the trtbuild that started the server; without this an editable install elsewhere would win.
+for _entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+    if _entry and _entry not in sys.path:
+        sys.path.insert(0, _entry)
 
 
 class BadRequest(Exception):
@@ -67,23 +78,24 @@ def draining() -> bool:
     return bool(flag) and os.path.exists(flag)
 
 
-class Stopped(Exception):
-    """The request was cancelled by its client, or the server is shutting down."""
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        from trtbuild.triton.textbatch import TextBatcher
         from trtbuild.triton.textgen import generator_from_params
 
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         model_dir = Path(args["model_repository"])
-        self.batched = int(config.get("max_batch_size", 0)) > 0
+        max_batch_size = int(config.get("max_batch_size", 0))
+        self.batched = max_batch_size > 0
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.default_max_tokens = int(params["default_max_tokens"])
         self.max_tokens_limit = int(params["max_tokens_limit"])
         self.max_prompt_bytes = int(params.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES)
         self.generator = generator_from_params(params, model_dir)
+        speculate_up_to = int(params["speculative_max_batch"]) if params.get("speculative_max_batch") else None
+        self.batcher = TextBatcher(self.generator, max(1, max_batch_size), speculate_up_to)
+        self._tags = itertools.count()
         self._warm_up()
         self.work: queue.Queue[Any] = queue.Queue()
         self.outbox: queue.Queue[Any] = queue.Queue()
@@ -94,13 +106,17 @@ class TritonPythonModel:
         import torch
 
         pb_utils.Logger.log_info(f"trtbuild local model ready (speculative: {self.generator.speculative}, "
+                                 f"in-flight batch: {self.batcher.max_batch}, "
                                  f"torch threads: {torch.get_num_threads()})")
 
     def _warm_up(self) -> None:
-        """One short generation so the first real request does not pay for lazy initialisation."""
+        """A short batch so the first real requests do not pay for lazy initialisation."""
         from trtbuild.triton.textgen import GenRequest
 
-        self.generator.generate(GenRequest(prompt="def", max_tokens=2))
+        for i in range(self.batcher.max_batch):
+            self.batcher.submit(GenRequest(prompt="def" * (i + 1), max_tokens=4), ("warm-up", i))
+        while not self.batcher.idle:
+            self.batcher.step()
 
     # -- requests --------------------------------------------------------------------------
     def parse(self, request: Any) -> tuple[Any, bool]:
@@ -160,36 +176,75 @@ class TritonPythonModel:
     def unavailable(self, message: str) -> Any:
         return self.error(message, False, getattr(pb_utils.TritonError, "UNAVAILABLE", None))
 
-    def answer(self, request: Any) -> Any:
-        """The whole generation as one response (non-streaming)."""
+    def answer_together(self, requests: list[Any]) -> list[Any]:
+        """Non-decoupled: the requests of one execute call, decoded as one in-flight batch."""
         from trtbuild.errors import UserError
 
+        responses: list[Any] = [None] * len(requests)
+        for index, request in enumerate(requests):
+            try:
+                gen, _ = self.parse(request)
+                self.batcher.submit(gen, index)
+            except (BadRequest, UserError) as exc:
+                responses[index] = self.error(str(exc), bad_request=True)
         try:
-            gen, _ = self.parse(request)
-            result = self.generator.generate(gen)
-            return self.response(result.text, result.ids)
-        except (BadRequest, UserError) as exc:
-            return self.error(str(exc), bad_request=True)
-        except Exception as exc:  # a failed request must not take the model down
+            while not self.batcher.idle:
+                for event in self.batcher.step():
+                    if event.finished:
+                        responses[event.tag] = self.response(event.result_text or "", event.result_ids or [])
+        except Exception as exc:  # a failed batch must not take the model down
             pb_utils.Logger.log_error(traceback.format_exc())
-            return self.error(f"generation failed: {exc}", bad_request=False)
+            for index in self.batcher.reset():
+                responses[index] = self.error(f"generation failed: {exc}", bad_request=False)
+        return responses
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if not self.decoupled:
-            return [self.answer(request) for request in requests]
+            return self.answer_together(requests)
         for request in requests:
             self.work.put(request)
         return None
 
-    # -- decoupled worker ------------------------------------------------------------------
+    # -- decoupled: the in-flight batch ------------------------------------------------------
     def _loop(self) -> None:
+        active: dict[int, tuple[Any, bool]] = {}  # tag -> (response sender, streaming)
+        cancelled: dict[int, str] = {}  # tag -> "" (its client left) or why the server cut it
+        stopping = False
+        checked = time.monotonic()
         while True:
-            request = self.work.get()
-            if request is None:
-                return
-            self._serve(request)
+            block = self.batcher.idle and not stopping  # wait for work only when nothing decodes
+            while True:
+                try:
+                    request = self.work.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if request is None:
+                    stopping = True
+                    break
+                self._start(request, active)
+            if self.batcher.idle:
+                if stopping:
+                    return
+                continue
+            # is_cancelled() is a round trip to the server: ask every CANCEL_CHECK_S, not per step
+            if time.monotonic() - checked >= CANCEL_CHECK_S:
+                cut = draining()
+                for tag, (sender, _) in active.items():
+                    if tag in cancelled:
+                        continue
+                    if sender.is_cancelled():
+                        cancelled[tag] = ""
+                        pb_utils.Logger.log_info(f"trtbuild: request {tag} cancelled by the client")
+                    elif cut:
+                        cancelled[tag] = "the server is shutting down; the generation was cut"
+                    else:
+                        continue
+                    self.batcher.cancel(tag)
+                checked = time.monotonic()
+            self._step(active, cancelled)
 
-    def _serve(self, request: Any) -> None:
+    def _start(self, request: Any, active: dict[int, tuple[Any, bool]]) -> None:
         from trtbuild.errors import UserError
 
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -199,40 +254,38 @@ class TritonPythonModel:
                 self.outbox.put((sender, self.unavailable("the server is shutting down"), final))
                 return
             gen, stream = self.parse(request)
-            ids: list[int] = []
-            texts: list[str] = []
-            try:
-                for chunk in self._steps(gen, sender):
-                    if stream:
-                        self.outbox.put((sender, self.response(chunk.text, chunk.ids), 0))
-                    else:
-                        ids.extend(chunk.ids)
-                        texts.append(chunk.text)
-            except Stopped as stop:
-                # Cancelled: only the final flag; cut by the drain: say so (a stream keeps what it got).
-                self.outbox.put((sender, self.unavailable(str(stop)) if str(stop) else None, final))
-                return
-            self.outbox.put((sender, None if stream else self.response("".join(texts), ids), final))
+            tag = next(self._tags)
+            self.batcher.submit(gen, tag)
+            active[tag] = (sender, stream)
         except (BadRequest, UserError) as exc:
             self.outbox.put((sender, self.error(str(exc), bad_request=True), final))
-        except Exception as exc:
-            pb_utils.Logger.log_error(traceback.format_exc())
-            self.outbox.put((sender, self.error(f"generation failed: {exc}", bad_request=False), final))
 
-    def _steps(self, gen: Any, sender: Any) -> Any:
-        """The generator's chunks; stops (raising Stopped) when the client cancels or the drain time
-        is up. is_cancelled() is a round trip to the server: asked every CANCEL_CHECK_S, not per chunk."""
-        if sender.is_cancelled():  # abandoned while it waited in the queue: do not start it at all
-            raise Stopped("")
-        checked = time.monotonic()
-        for chunk in self.generator.stream(gen):
-            if time.monotonic() - checked >= CANCEL_CHECK_S:
-                if sender.is_cancelled():
-                    raise Stopped("")  # nobody is listening: send nothing but the final flag
-                if draining():
-                    raise Stopped("the server is shutting down; the generation was cut")
-                checked = time.monotonic()
-            yield chunk
+    def _step(self, active: dict[int, tuple[Any, bool]], cancelled: dict[int, str]) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            events = self.batcher.step()
+        except Exception as exc:  # a failed step fails the batch, not the model
+            pb_utils.Logger.log_error(traceback.format_exc())
+            for tag in self.batcher.reset():
+                sender, _ = active.pop(tag)
+                self.outbox.put((sender, self.error(f"generation failed: {exc}", bad_request=False), final))
+            cancelled.clear()
+            return
+        for event in events:
+            sender, stream = active[event.tag]
+            if event.finished:
+                del active[event.tag]
+            if event.tag in cancelled:
+                if event.finished:
+                    why = cancelled.pop(event.tag)
+                    self.outbox.put((sender, self.unavailable(why) if why else None, final))
+            elif stream:
+                if event.chunk.ids or event.chunk.text:
+                    self.outbox.put((sender, self.response(event.chunk.text, event.chunk.ids), 0))
+                if event.finished:
+                    self.outbox.put((sender, None, final))
+            elif event.finished:
+                self.outbox.put((sender, self.response(event.result_text or "", event.result_ids or []), final))
 
     def _send_loop(self) -> None:
         """Sends (sender, response or None, flags) in order. A send waits for the server to take
@@ -248,7 +301,7 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(traceback.format_exc())
 
     def finalize(self) -> None:
-        # Triton drains in-flight requests before unloading, so the queue is empty here.
+        # Triton drains in-flight requests before unloading; the decode thread finishes what it has.
         self.work.put(None)
         self.worker.join(timeout=30)
         self.outbox.put(None)  # after the decode thread: its last responses are queued before this

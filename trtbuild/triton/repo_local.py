@@ -60,6 +60,7 @@ def local_config(config: Any, bundle: BundleInfo, model_dir: Path, bundle_link: 
         "max_tokens_limit": str(config.local.max_tokens_limit),
         "max_prompt_bytes": str(config.local.max_prompt_bytes),
         "num_threads": str(config.local.num_threads or ""),
+        "speculative_max_batch": str(config.local.speculative_max_batch or ""),
     }
     return {
         "name": config.model_name,

@@ -459,14 +459,16 @@ RESTART_WINDOW_S = 600.0
 def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int = 8001,
           metrics_port: int = 8002, models: Sequence[str] = (), exit_timeout_s: int = 30,
           log_file: Path | None = None, echo: Callable[[str], None] = print, ready_timeout_s: float = 300.0,
-          stop_event: threading.Event | None = None) -> int:
+          stop_event: threading.Event | None = None,
+          attach: Callable[[Endpoints], contextlib.AbstractContextManager[list[str]]] | None = None) -> int:
     """`trtbuild serve`: start, print the endpoints, block until SIGINT/SIGTERM, stop gracefully.
 
     A tritonserver that dies is started again on the same ports (the front answers 503 meanwhile),
     with the reason printed: the signal or exit code and the log's telling line; more than
     MAX_RESTARTS deaths within RESTART_WINDOW_S end `serve` with that reason. Returns tritonserver's
     exit code (0 after a clean shutdown). `stop_event` lets a caller (or a test) ask for the same
-    shutdown without a signal.
+    shutdown without a signal. `attach` starts a front end (the OpenAI API) once the server is ready
+    (its lines are printed) and is closed before the server drains.
     """
     stop = stop_event or threading.Event()
     server = TritonServer(repositories, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
@@ -482,19 +484,22 @@ def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int
         echo(f"tritonserver ready (pid {server.pid}); Ctrl-C stops it")
         for line in endpoints.lines(models):
             echo("  " + line)
-        while not stop.wait(0.5):
-            if server.is_running():
-                server.secure_shm()  # regions made later (a new instance) become private too
-                continue
-            reason = server.death_reason()
-            now = time.monotonic()
-            deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
-            if len(deaths) > MAX_RESTARTS:
-                raise BuildError(f"tritonserver died {len(deaths)} times in {RESTART_WINDOW_S:.0f} s; "
-                                 f"the last time: {reason}", fix=f"see the log {server._log_path}")
-            echo(f"tritonserver died ({reason}); restarting ({len(deaths)}/{MAX_RESTARTS})")
-            server.restart(ready_timeout_s=ready_timeout_s)
-            echo(f"tritonserver ready again (pid {server.pid})")
+        with attach(endpoints) if attach else contextlib.nullcontext([]) as attached:
+            for line in attached:
+                echo("  " + line)
+            while not stop.wait(0.5):
+                if server.is_running():
+                    server.secure_shm()  # regions made later (a new instance) become private too
+                    continue
+                reason = server.death_reason()
+                now = time.monotonic()
+                deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+                if len(deaths) > MAX_RESTARTS:
+                    raise BuildError(f"tritonserver died {len(deaths)} times in {RESTART_WINDOW_S:.0f} s; "
+                                     f"the last time: {reason}", fix=f"see the log {server._log_path}")
+                echo(f"tritonserver died ({reason}); restarting ({len(deaths)}/{MAX_RESTARTS})")
+                server.restart(ready_timeout_s=ready_timeout_s)
+                echo(f"tritonserver ready again (pid {server.pid})")
         echo("stopping: draining in-flight requests ...")
         code = server.stop()
         echo(f"tritonserver stopped (exit code {code})")

@@ -8,7 +8,7 @@ tokens so far extends what was already sent and does not end in an incomplete UT
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +45,36 @@ class Result:
     chunks: list[Chunk] = field(default_factory=list)
 
 
+class TextDeltas:
+    """Token ids arriving in chunks -> text deltas whose concatenation is the text of all of them.
+
+    A delta is released only when the decoded text of all tokens so far extends what was already
+    sent and does not end in an incomplete UTF-8 sequence; `finish` releases what is left."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def add(self, new: list[int]) -> str:
+        self.ids.extend(new)
+        text = self.decode(self.ids)
+        if text.startswith(self.sent) and not text.endswith(REPLACEMENT):
+            delta, self.sent = text[len(self.sent):], text
+            return delta
+        return ""
+
+    def finish(self) -> str:
+        final = self.decode(self.ids)
+        if final != self.sent and final.startswith(self.sent):
+            delta, self.sent = final[len(self.sent):], final
+            return delta
+        return ""
+
+
 class TextGenerator:
-    """Loads the target (and the draft) once; serves any number of requests, one at a time."""
+    """Loads the target (and the draft) once; decodes requests one at a time (`TextBatcher`
+    decodes many of them together with the same models)."""
 
     def __init__(self, target_dir: Path, *, draft_dir: Path | None = None, tokenizer_dir: Path | None = None,
                  add_special_tokens: bool = True, skip_special_tokens: bool = True,
@@ -86,7 +114,8 @@ class TextGenerator:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, **DECODE_KWARGS)
 
-    def _decoding(self, request: GenRequest) -> Any:
+    def prepare(self, request: GenRequest) -> tuple[list[int], Any, Any]:
+        """(prompt ids, SamplingParams, SpecParams or None) of a request; bad ones raise UserError."""
         from trtbuild.runtime import SamplingParams
 
         ids = self.encode(request.prompt)
@@ -98,6 +127,10 @@ class TextGenerator:
                             field="speculative")
         sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
                                   seed=request.seed)
+        return ids, sampling, spec
+
+    def _decoding(self, request: GenRequest) -> Any:
+        ids, sampling, spec = self.prepare(request)
         return self.generator.stream(ids, request.max_tokens, sampling=sampling, spec=spec)
 
     def stream(self, request: GenRequest) -> Iterator[Chunk]:
@@ -106,19 +139,12 @@ class TextGenerator:
         The iterator's `stats` attribute is not reachable through a generator, so the final
         DecodeStats are returned as the generator's value (StopIteration.value)."""
         run = self._decoding(request)
-        ids: list[int] = []
-        sent = ""
+        deltas = TextDeltas(self.decode)
         for new in run:
-            ids.extend(new)
-            text = self.decode(ids)
-            if text.startswith(sent) and not text.endswith(REPLACEMENT):
-                delta, sent = text[len(sent):], text
-            else:
-                delta = ""
-            yield Chunk(list(new), delta)
-        final = self.decode(ids)
-        if final != sent and final.startswith(sent):
-            yield Chunk([], final[len(sent):])
+            yield Chunk(list(new), deltas.add(new))
+        rest = deltas.finish()
+        if rest:
+            yield Chunk([], rest)
         return run.stats
 
     def generate(self, request: GenRequest) -> Result:

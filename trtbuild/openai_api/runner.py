@@ -1,0 +1,108 @@
+"""Runs the OpenAI front on its own thread and event loop, beside the Triton server it fronts.
+
+`trtbuild serve` / `demo` start it once Triton is ready and stop it first on shutdown: it stops
+accepting, lets in-flight requests finish (they still need Triton), then Triton drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from trtbuild.errors import UserError
+from trtbuild.openai_api.app import FrontConfig, create_app
+from trtbuild.openai_api.text import PromptText
+
+HOST = "127.0.0.1"
+
+
+def front_config(model_dir: Path, triton_http: str, model_id: str | None = None) -> FrontConfig:
+    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt."""
+    from transformers import AutoTokenizer
+
+    from trtbuild.triton.pbtxt import parameters_of, parse_config
+
+    params = parameters_of(parse_config(model_dir / "config.pbtxt"))
+    tokenizer_dir = (model_dir / params["tokenizer_dir"]).resolve()
+    if not tokenizer_dir.is_dir():
+        raise UserError(f"tokenizer directory not found: {tokenizer_dir}", file=str(model_dir / "config.pbtxt"),
+                        field="tokenizer_dir", fix="rebuild the deployment (trtbuild deploy RECIPE --force deploy)")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    eos = tokenizer.eos_token_id
+    base = triton_http if triton_http.startswith("http") else f"http://{triton_http}"
+    return FrontConfig(model_id=model_id or model_dir.name, triton_url=base, triton_model=model_dir.name,
+                       prompts=PromptText(tokenizer, params.get("add_special_tokens") == "true"),
+                       default_max_tokens=int(params["default_max_tokens"]),
+                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []))
+
+
+class OpenAIFront:
+    def __init__(self, config: FrontConfig, port: int = 0, host: str = HOST, drain_timeout_s: float = 30.0) -> None:
+        self.config, self.host, self.port = config, host, port
+        self.drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL OpenAI clients take (`OpenAI(base_url=...)`)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> OpenAIFront:
+        from aiohttp import web
+
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        self._loop = asyncio.new_event_loop()
+
+        async def serve() -> None:
+            self._runner = web.AppRunner(create_app(self.config), shutdown_timeout=self.drain_timeout_s,
+                                         access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+            await site.start()
+            self.port = self._runner.addresses[0][1]
+
+        def main() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(serve())
+            except BaseException as exc:  # reported by start()
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=main, name="trtbuild-openai", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            if isinstance(failure[0], OSError):
+                raise UserError(f"cannot listen on {self.host}:{self.port}: {failure[0].strerror}",
+                                field="deploy.openai_port", fix="choose another port (0 picks a free one)")
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        """Stops accepting, waits up to drain_timeout_s for in-flight requests, closes."""
+        loop, runner = self._loop, self._runner
+        if loop is None or runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(self.drain_timeout_s + 10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        loop.close()
+        self._loop = self._runner = None
+
+    def __enter__(self) -> OpenAIFront:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

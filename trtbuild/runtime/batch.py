@@ -1,0 +1,289 @@
+"""In-flight (continuous) batching: many sequences decoded together, joining and leaving at step
+boundaries, each with its own sampler and its own speculator state.
+
+A step either admits waiting sequences (one batched prefill; each emits its first token, so a
+new request's time to first token is about one prefill, not the time the batch takes to drain)
+or decodes every running sequence: speculators propose draft chains, one target forward verifies
+all of them (each sequence at its own position, padded to the longest chain), each sequence
+accepts the prefix of its drafts the target itself picks and gains one more token from the
+target, and finished sequences leave, freeing their slot for the next waiting one.
+
+Every token is the target's own choice at its position (argmax, or a draw from its sampling
+distribution, `Sampler`), computed from the same arithmetic as single-stream decoding
+(`trtbuild.runtime.batch_forward`), so greedy output equals `Generator.generate` token for token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from trtbuild.errors import UserError
+from trtbuild.runtime.batch_forward import Layout, target_rows
+from trtbuild.runtime.batch_kv import BatchKV
+from trtbuild.runtime.sampling import Sampler, SamplingParams
+from trtbuild.runtime.speculator import Speculator
+from trtbuild.runtime.stats import DecodeStats
+from trtbuild.runtime.target import TargetModel
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    prompt_len: int
+    tokens: list[int]  # prompt + emitted; the last one is not yet in the target's cache
+    max_new: int
+    sampler: Sampler
+    eos: frozenset[int]
+    speculator: Speculator | None
+    stats: DecodeStats
+    t0: float  # when it was added (its TTFT includes the wait for a free slot)
+    length: int = 0  # target cache rows committed
+    done: bool = False
+    cancelled: bool = False
+    emitted: list[int] = field(default_factory=list)  # the tokens handed out (cut at EOS / budget)
+
+
+@dataclass
+class Event:
+    seq: Sequence
+    tokens: list[int]  # new tokens of this step (may be empty for a cancelled sequence)
+    finished: bool
+
+
+class BatchDecoder:
+    """max_batch: sequences decoded together. prefill_tokens: prompt tokens one admission step
+    prefills (at least one sequence); admissions alternate with decode steps, so requests that
+    arrive together start (and so finish) at different steps and later arrivals stay spread out,
+    each paying one small prefill rather than waiting behind a batch of them. speculate_up_to:
+    speculators propose only while at most this many sequences decode (a batch of plain rows
+    already keeps a compute-bound device busy; None: always)."""
+
+    def __init__(self, target: TargetModel, max_batch: int, *, prefill_tokens: int = 128,
+                 speculate_up_to: int | None = None) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.target = target
+        self.max_batch = max_batch
+        self.prefill_tokens = prefill_tokens
+        self.speculate_up_to = speculate_up_to
+        self._admitted_last = False
+        s = target.spec
+        self.kv = BatchKV(s.num_layers, max_batch, s.num_kv_heads, s.head_dim, target.dtype, target.device)
+        self.running: list[Sequence] = []  # slot order: running[i] occupies slot i
+        self.waiting: deque[Sequence] = deque()
+        self._ids = itertools.count()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add(self, prompt: Seq[int] | torch.Tensor, max_new_tokens: int, *,
+            sampling: SamplingParams | None = None, speculator: Speculator | None = None,
+            eos_token_ids: Seq[int] | None = None, draft_slack: int = 0) -> Sequence:
+        """Queues a sequence; it joins the batch at the next step with a free slot.
+
+        draft_slack: the longest draft its speculator proposes (positions reserved past the budget)."""
+        ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
+        if not ids:
+            raise UserError("empty prompt")
+        if max_new_tokens < 1:
+            raise UserError("max_new_tokens must be at least 1")
+        if len(ids) + max_new_tokens + draft_slack + 1 > self.target.max_positions:
+            raise UserError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceed the "
+                            f"model's {self.target.max_positions} positions")
+        eos = self.target.spec.eos_token_ids if eos_token_ids is None else eos_token_ids
+        sampling = sampling or SamplingParams()
+        seq = Sequence(id=next(self._ids), prompt_len=len(ids), tokens=ids, max_new=max_new_tokens,
+                       sampler=Sampler(sampling, self.target.device), eos=frozenset(eos), speculator=speculator,
+                       stats=DecodeStats(prompt_tokens=len(ids)), t0=time.perf_counter())
+        self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stops a sequence; it leaves the batch at the next step (an Event with finished=True)."""
+        seq.cancelled = True
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        """Admits waiting sequences if a slot is free, else decodes the running ones once."""
+        events = self._drop_cancelled()
+        admit = bool(self.waiting) and len(self.running) < self.max_batch
+        with torch.inference_mode():
+            if admit and not (self._admitted_last and self.running):
+                events += self._admit()
+                self._admitted_last = True
+            elif self.running:
+                events += self._decode()
+                self._admitted_last = False
+        return events
+
+    def _drop_cancelled(self) -> list[Event]:
+        events = []
+        for seq in [s for s in self.waiting if s.cancelled]:
+            self.waiting.remove(seq)
+            seq.done = True
+            events.append(Event(seq, [], True))
+        for seq in [s for s in self.running if s.cancelled]:
+            if seq.speculator is not None:
+                seq.speculator.release(seq)
+            self._leave(seq)
+            seq.done = True
+            events.append(Event(seq, [], True))
+        return events
+
+    def _aux_layers(self, seqs: Seq[Sequence]) -> tuple[int, ...]:
+        return tuple(sorted({i for s in seqs if s.speculator is not None for i in s.speculator.aux_layers}))
+
+    @staticmethod
+    def _aux_for(speculator: Speculator, layers: tuple[int, ...], aux: torch.Tensor | None,
+                 rows: list[int]) -> torch.Tensor | None:
+        """The speculator's own aux layers (in layer order) of the given batch rows."""
+        if aux is None or not speculator.aux_layers:
+            return None
+        picked = aux[torch.tensor(rows, device=aux.device)]
+        if tuple(speculator.aux_layers) == layers or sorted(speculator.aux_layers) == list(layers):
+            return picked
+        parts = picked.chunk(len(layers), -1)
+        return torch.cat([parts[layers.index(i)] for i in sorted(speculator.aux_layers)], -1)
+
+    def _groups(self, seqs: Seq[Sequence]) -> list[tuple[Speculator, list[int]]]:
+        groups: dict[int, tuple[Speculator, list[int]]] = {}
+        for i, seq in enumerate(seqs):
+            if seq.speculator is not None:
+                groups.setdefault(id(seq.speculator), (seq.speculator, []))[1].append(i)
+        return list(groups.values())
+
+    def _admit(self) -> list[Event]:
+        room = self.max_batch - len(self.running)
+        new = [self.waiting.popleft()]
+        tokens = new[0].prompt_len
+        while self.waiting and len(new) < room and tokens + self.waiting[0].prompt_len <= self.prefill_tokens:
+            tokens += self.waiting[0].prompt_len
+            new.append(self.waiting.popleft())
+        lo = len(self.running)
+        width = max(seq.prompt_len for seq in new)
+        device = self.target.device
+        ids = torch.zeros(len(new), width, dtype=torch.long, device=device)
+        for i, seq in enumerate(new):
+            ids[i, : seq.prompt_len] = torch.tensor(seq.tokens)
+        lengths = torch.tensor([seq.prompt_len for seq in new], device=device)
+        self.kv.ensure(width)
+        layers = self._aux_layers(new)
+        t0 = time.perf_counter()
+        logits, aux = target_rows(self.target, ids, self.kv.view(lo, lo + len(new)),
+                                  Layout.causal(torch.zeros_like(lengths), width, self.target.max_positions),
+                                  aux_layers=layers, last=lengths - 1)
+        elapsed = time.perf_counter() - t0
+        self.running.extend(new)
+        events = []
+        for i, seq in enumerate(new):
+            token = int(seq.sampler(logits[i, 0]))
+            seq.length = seq.prompt_len
+            seq.tokens.append(token)
+            seq.stats.target_forwards += 1
+            seq.stats.target_s += elapsed
+            events.append(Event(seq, self._emit(seq, [token]), seq.done))
+        for speculator, rows in self._groups(new):
+            speculator.admit([new[i] for i in rows], self._aux_for(speculator, layers, aux, rows))
+        for seq in new:
+            if seq.done:
+                self._finish(seq)
+        return events
+
+    def _decode(self) -> list[Event]:
+        seqs = list(self.running)
+        drafts: list[list[int]] = [[] for _ in seqs]
+        t0 = time.perf_counter()
+        speculate = self.speculate_up_to is None or len(seqs) <= self.speculate_up_to
+        for speculator, rows in self._groups(seqs) if speculate else []:
+            for i, proposal in zip(rows, speculator.propose([seqs[i] for i in rows]), strict=True):
+                # never past the context: the last verified row must have a RoPE position
+                drafts[i] = list(proposal[: self.target.max_positions - 1 - seqs[i].length])
+        t1 = time.perf_counter()
+        width = 1 + max(len(d) for d in drafts)
+        device = self.target.device
+        ids = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
+            ids[i, : len(draft) + 1] = torch.tensor([seq.tokens[-1], *draft])
+        starts = torch.tensor([seq.length for seq in seqs], device=device)
+        self.kv.ensure(int(starts.max()) + width)
+        layers = self._aux_layers(seqs)
+        logits, aux = target_rows(self.target, ids, self.kv.view(0, len(seqs)),
+                                  Layout.causal(starts, width, self.target.max_positions), aux_layers=layers)
+        t2 = time.perf_counter()
+        greedy = logits.argmax(-1).tolist()
+        accepted, events = [], []
+        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
+            k = len(draft)
+            picks = greedy[i][: k + 1] if seq.sampler.params.greedy else seq.sampler(logits[i, : k + 1]).tolist()
+            a = 0
+            while a < k and draft[a] == picks[a]:
+                a += 1
+            new = [*draft[:a], picks[a]]
+            seq.length += a + 1
+            seq.tokens.extend(new)
+            seq.stats.target_forwards += 1
+            seq.stats.target_s += t2 - t1
+            seq.stats.draft_s += t1 - t0
+            if seq.speculator is not None:
+                seq.stats.accepted.append(a)
+            accepted.append(a)
+            events.append(Event(seq, self._emit(seq, new), seq.done))
+        for speculator, rows in self._groups(seqs):
+            for i in rows:
+                if seqs[i].done:
+                    speculator.release(seqs[i])
+            live = [i for i in rows if not seqs[i].done]
+            if live:
+                speculator.update([seqs[i] for i in live], [accepted[i] for i in live],
+                                  self._aux_for(speculator, layers, aux, live))
+        t3 = time.perf_counter()
+        for seq in seqs:
+            seq.stats.draft_s += t3 - t2
+            if seq.done:
+                self._leave(seq)
+        return events
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _emit(self, seq: Sequence, new: list[int]) -> list[int]:
+        """Cuts `new` at EOS / the token budget and records it (as `Decoding._emit`)."""
+        room = seq.max_new - seq.stats.new_tokens
+        done = len(new) >= room
+        new = new[:room]
+        for j, tok in enumerate(new):
+            if tok in seq.eos:
+                new, done = new[: j + 1], True
+                break
+        now = time.perf_counter()
+        if seq.stats.new_tokens == 0:
+            seq.stats.ttft_s = now - seq.t0
+        seq.stats.new_tokens += len(new)
+        seq.stats.total_s = now - seq.t0
+        seq.emitted.extend(new)
+        seq.done = done
+        return new
+
+    def _finish(self, seq: Sequence) -> None:
+        if seq.speculator is not None:
+            seq.speculator.release(seq)
+        self._leave(seq)
+
+    def _leave(self, seq: Sequence) -> None:
+        """Frees the sequence's slot: the last running sequence moves into it."""
+        slot = self.running.index(seq)
+        last = len(self.running) - 1
+        if slot != last:
+            moved = self.running[last]
+            self.kv.move(last, slot, moved.length)
+            self.running[slot] = moved
+        self.running.pop()
