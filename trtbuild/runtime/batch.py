@@ -115,9 +115,10 @@ class BatchDecoder:
 
     def step(self) -> list[Event]:
         """Admits waiting sequences if a slot is free, else decodes the running ones once."""
-        events = self._drop_cancelled()
-        admit = bool(self.waiting) and len(self.running) < self.max_batch
+        # Leaving the batch rewrites the KV cache, an inference tensor: only allowed in this mode.
         with torch.inference_mode():
+            events = self._drop_cancelled()
+            admit = bool(self.waiting) and len(self.running) < self.max_batch
             if admit and not (self._admitted_last and self.running):
                 events += self._admit()
                 self._admitted_last = True
