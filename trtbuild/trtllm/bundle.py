@@ -26,6 +26,7 @@ from trtbuild.trtllm.llm_args import (
     Eagle3DecodingConfig,
     KvCacheConfig,
     LlmApiOptions,
+    NGramDecodingConfig,
     parse_options,
     write_options,
 )
@@ -203,6 +204,8 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
                 layers != default_layers_to_capture(facts.num_hidden_layers):
             spec.eagle3_layers_to_capture = layers  # trained on other layers than TRT-LLM's default
         values["speculative_config"] = spec
+    elif ngram_config(recipe) is not None:
+        values["speculative_config"] = ngram_config(recipe, draft_len(config, recipe))
     extra = parse_options(config.llm_api_options, "engine.llm_api_options")
     for key in extra.model_fields_set:
         values[key] = getattr(extra, key)
@@ -211,11 +214,20 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
     return parse_options(options.to_dict(), "llm_api_options.yaml")
 
 
+def ngram_config(recipe: Any, max_draft_len: int | None = None) -> NGramDecodingConfig | None:
+    """draft.source ngram: TRT-LLM's prompt lookup with a pool per request (what the runtime rehearses)."""
+    draft = getattr(recipe, "draft", None)
+    if draft is None or getattr(draft, "source", None) != "ngram":
+        return None
+    return NGramDecodingConfig(decoding_type="NGram", max_draft_len=max_draft_len or draft.max_draft_len,
+                               max_matching_ngram_size=draft.max_matching_ngram_size, is_public_pool=False)
+
+
 def with_absolute_paths(options: LlmApiOptions, bundle: Path) -> dict[str, Any]:
     """The options for an in-process LLM() call (relative paths made absolute against the bundle)."""
     data = options.to_dict()
     spec = data.get("speculative_config")
-    if spec and not Path(spec["speculative_model_dir"]).is_absolute():
+    if spec and spec.get("speculative_model_dir") and not Path(spec["speculative_model_dir"]).is_absolute():
         spec["speculative_model_dir"] = str((bundle / spec["speculative_model_dir"]).resolve())
     return data
 

@@ -77,6 +77,29 @@ class Eagle3DecodingConfig(_Strict):
     greedy_sampling: bool | None = Field(default=None, description="Top-1 acceptance (token equality).")
 
 
+class NGramDecodingConfig(_Strict):
+    """`speculative_config` for prompt lookup (TRT-LLM's NGramDecodingConfig, PyTorch backend only): no
+    draft model; the drafter proposes the tokens that followed the longest matching n-gram.
+
+    Fields as in tensorrt_llm/llmapi/llm_args.py of the 1.1 line (DecodingBaseConfig.from_dict
+    dispatches on decoding_type "NGram"; defaults there: max_matching_ngram_size 0 in 1.1, 2 later,
+    so trtbuild always writes it); the pool semantics in tensorrt_llm/_torch/speculative/ngram.py.
+    """
+
+    decoding_type: Literal["NGram"] = Field(description="Selects TRT-LLM's n-gram drafter.")
+    max_draft_len: int = Field(ge=1, description="Draft tokens proposed per step (at most).")
+    max_matching_ngram_size: int = Field(ge=1, description="Longest suffix of the context looked up.")
+    is_keep_all: bool | None = Field(default=None, description="Keep every continuation of a pattern "
+                                     "(TRT-LLM default true).")
+    is_use_oldest: bool | None = Field(default=None, description="Propose the oldest match of a pattern "
+                                       "(TRT-LLM default true); false: the newest.")
+    is_public_pool: bool | None = Field(default=None, description="One pattern pool shared by all "
+                                        "requests (TRT-LLM default true); false: one per request, as "
+                                        "trtbuild's runtime rehearses it.")
+    max_total_draft_tokens: int | None = Field(default=None, ge=1, description="TRT-LLM sets it to "
+                                               "max_draft_len (n-gram drafts are a chain).")
+
+
 class MoeConfig(_Strict):
     """`moe_config` (PyTorch backend)."""
 
@@ -106,7 +129,9 @@ class LlmApiOptions(_Strict):
     max_beam_width: int | None = Field(default=None, ge=1, description="Beam search width.")
     kv_cache_config: KvCacheConfig | None = Field(default=None, description="KV cache options.")
     cuda_graph_config: CudaGraphConfig | None = Field(default=None, description="CUDA graphs; null: off.")
-    speculative_config: Eagle3DecodingConfig | None = Field(default=None, description="Speculative decoding.")
+    speculative_config: Eagle3DecodingConfig | NGramDecodingConfig | None = Field(
+        default=None, discriminator="decoding_type",
+        description="Speculative decoding: an EAGLE-3 draft, or n-gram prompt lookup.")
     moe_config: MoeConfig | None = Field(default=None, description="MoE options.")
     enable_chunked_prefill: bool | None = Field(default=None, description="Split long prefills.")
     enable_min_latency: bool | None = Field(default=None, description="Min-latency mode (Llama 4).")
