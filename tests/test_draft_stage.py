@@ -97,11 +97,28 @@ def test_gate_fails_the_build(trained, model_artifact: Artifact, tmp_path: Path)
     tau = result.metrics["acceptance_length"]
     gated = DraftConfig(source="path", path=str(draft_dir), max_draft_len=config.max_draft_len,
                         eval=config.eval, gate={"min_acceptance_length": tau + 0.01})
-    expected = rf"draft.gate.min_acceptance_length: acceptance length {tau:.3f} < gate"
-    with pytest.raises(BuildError, match=expected):
+    expected = (rf"draft.gate.min_acceptance_length: measured acceptance length {tau:.3f} < gate {tau + 0.01} "
+                r"at max_draft_len 3 \(chain, draft.seed 0\)")
+    with pytest.raises(BuildError, match=expected) as failed:
         _run(gated, model_artifact, tmp_path / "gated")
+    assert failed.value.metrics["acceptance_length"] == tau  # what `build --json` reports with the failure
     passing = gated.model_copy(update={"gate": gated.gate.model_copy(update={"min_acceptance_length": tau})})
     assert _run(passing, model_artifact, tmp_path / "passing").metrics["acceptance_length"] == tau
+
+
+def test_ngram_source_builds_nothing_and_measures_prompt_lookup(model_artifact: Artifact, tmp_path: Path) -> None:
+    from trtbuild.eagle3.evaluate import heldout_prompts, measure_tau
+
+    config = DraftConfig(source="ngram", max_draft_len=4, max_matching_ngram_size=3, eval=SMALL["eval"])
+    result = _run(config, model_artifact, tmp_path / "ngram")
+    metrics = result.metrics
+    assert result.info == {"source": "ngram", "draft": None} and not (tmp_path / "ngram" / "eagle3").exists()
+    assert json.loads((tmp_path / "ngram" / "ngram.json").read_text())["max_matching_ngram_size"] == 3
+    assert metrics["eval_mode"] == "ngram" and len(metrics["acceptance_rates"]) == 4
+    prompts = heldout_prompts(model_artifact.path / "hf", config.eval, None)
+    again = measure_tau(model_artifact.path / "hf", None, prompts, config.eval.new_tokens, 4,
+                        max_matching_ngram_size=3)
+    assert again["acceptance_length"] == metrics["acceptance_length"] >= 1.0
 
 
 def test_gate_needs_an_evaluation() -> None:

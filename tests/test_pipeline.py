@@ -118,6 +118,28 @@ def test_failed_stage_leaves_nothing(tmp_path, cache_dir, small_model, capsys):
     assert not list((cache_dir / "quantize").glob(".tmp-*"))
 
 
+def test_failed_stage_is_reported_in_json(tmp_path, cache_dir, small_model, capsys):
+    """CI reads why a build failed from stdout: status, error, and what the stage measured."""
+    recipe = _recipe(tmp_path, small_model, QUANTIZE + "draft: {source: none}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["build", str(recipe), "--json", "--set", "quantize.gate.max_perplexity_ratio=1.0000001"])
+    assert exit_info.value.code == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["status"] == "failed" and "1.0000001" in report["error"]
+    assert captured.err.strip() == f"error: {report['error']}"
+    stages = {s["name"]: s for s in report["stages"]}
+    assert {n: s["status"] for n, s in stages.items()} == {
+        "model": "ran", "quantize": "failed", "draft": "skipped", "engine": "skipped", "deploy": "skipped"}
+    assert stages["quantize"]["error"] == report["error"] and stages["quantize"]["seconds"] > 0
+    quant = stages["quantize"]["metrics"]  # measured before the gate stopped the build
+    assert quant["perplexity_ratio"] == pytest.approx(quant["perplexity_quantized"] / quant["perplexity_base"])
+    assert quant["perplexity_ratio"] > 1.0000001
+    assert stages["draft"]["reason"] == "not run: the quantize stage failed"
+    ok = _build(capsys, str(recipe), "--until", "model")
+    assert ok["status"] == "ok" and "error" not in ok
+
+
 def test_sigkill_mid_stage_leaves_no_complete_entry(tmp_path, cache_dir):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: kill\noutput_dir: out\nmodel:\n  tiny: {num_hidden_layers: 1, hidden_size: 32, "

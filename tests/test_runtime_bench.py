@@ -1,4 +1,4 @@
-"""`run_bench`: plain vs speculative side by side, JSON + PNG, prompts from the pydoc held-out split."""
+"""`run_bench`: plain, EAGLE-3 and n-gram side by side, JSON + PNG, prompts from the pydoc held-out split."""
 
 from __future__ import annotations
 
@@ -42,6 +42,20 @@ def test_bench_reports_side_by_side_and_writes_json_and_plot(dirs, tmp_path):
     assert 1.0 <= spec["acceptance_length"] <= 4.0 and len(spec["acceptance_rate_per_position"]) == 3
     assert sum(spec["tokens_per_step_histogram"].values()) == spec["steps"]
     assert spec["ttft_s"] > 0 and spec["profile"]["draft_s"] > 0 and spec["profile"]["target_s"] > 0
+    ngram = report["ngram"]  # prompt lookup at the same max_draft_len, same prompts, same run
+    assert ngram["new_tokens"] == 2 * 16 and len(ngram["acceptance_rate_per_position"]) == 3
+    assert ngram["speedup"] == pytest.approx(ngram["tokens_per_s_per_user"] / plain["tokens_per_s_per_user"])
+    assert report["tau_ratio_eagle3_vs_ngram"] == pytest.approx(spec["acceptance_length"] / ngram["acceptance_length"])
+
+
+def test_bench_without_a_draft_compares_plain_and_ngram(dirs):
+    target, _ = dirs
+    cfg = BenchConfig(num_prompts=1, prompt_len=24, max_new_tokens=12, max_draft_len=4, warmup=0)
+    report = run_bench(target, None, None, cfg)
+    assert "speculative" not in report and "speedup" not in report
+    assert report["outputs_identical"] is True and report["ngram"]["new_tokens"] == 12
+    with pytest.raises(UserError, match="nothing to compare"):
+        run_bench(target, None, None, cfg.model_copy(update={"ngram": False}))
 
 
 def test_prompts_come_from_the_heldout_split(dirs):

@@ -110,7 +110,15 @@ def _build(recipe: str, overrides: tuple[str, ...], until: str | None, force: tu
     loaded = _load(recipe, overrides)
     preflight(loaded)
     progress = Progress.for_terminal(enabled=not as_json)
-    steps = pipeline.build(loaded, _cache(), progress, until=until, force=force)
+    try:
+        steps = pipeline.build(loaded, _cache(), progress, until=until, force=force)
+    except Exception as exc:
+        failed_steps = getattr(exc, "build_steps", None)
+        if as_json and failed_steps is not None:  # CI reads why from the report; the error goes to stderr too
+            data = pipeline.report(loaded, failed_steps, executed=True)
+            data["wall_seconds"] = round(time.perf_counter() - started, 3)
+            _print_json(data)
+        raise
     data = pipeline.report(loaded, steps, executed=True)
     data["wall_seconds"] = round(time.perf_counter() - started, 3)
     if as_json:
@@ -212,7 +220,7 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str | None,
           loadgen: str, server_target: str, max_tokens: int, as_json: bool) -> None:
-    """Plain vs speculative decoding on the same prompts (in process), or a server load test."""
+    """Plain, EAGLE-3 and n-gram decoding on the same prompts (in process), or a server load test."""
     if server_url:
         from trtbuild.progress import Progress
         from trtbuild.triton.commands import bench_server_url
@@ -228,13 +236,13 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
         from trtbuild.runtime.bench import BenchConfig, run_bench
 
         loaded, artifacts = _built(recipe, overrides, "draft", not as_json)
-        if "draft" not in artifacts or not (artifacts["draft"] / "eagle3").is_dir():
-            raise UserError("bench compares plain and speculative decoding and needs a draft", file=recipe,
-                            field="draft", fix="add a `draft:` section (source: train, path or hub)")
+        eagle3 = artifacts["draft"] / "eagle3" if "draft" in artifacts else None
+        draft_dir = eagle3 if eagle3 is not None and eagle3.is_dir() else None  # none: plain vs n-gram
         target = artifacts["quantize"] / "hf" if "quantize" in artifacts else artifacts["model"] / "hf"
-        config = loaded.bench or BenchConfig(max_draft_len=loaded.draft.max_draft_len)
+        draft = getattr(loaded, "draft", None)
+        config = loaded.bench or BenchConfig(max_draft_len=draft.max_draft_len if draft else 3)
         out = _bench_dir(loaded) / "bench.json"
-        report = run_bench(target, artifacts["draft"] / "eagle3", None, config, out_path=out,
+        report = run_bench(target, draft_dir, None, config, out_path=out,
                            progress=Progress.for_terminal(enabled=not as_json))
     if as_json:
         _print_json(report)
@@ -256,11 +264,15 @@ def _print_bench(report: dict[str, Any]) -> None:
         if "ratio_c1" in report:
             click.echo(f"Triton / in-process tokens/s/user at concurrency 1: {report['ratio_c1']:.3f}")
         return
-    plain, spec = report["plain"], report["speculative"]
-    click.echo(f"plain:        {plain['tokens_per_s_per_user']:8.1f} tokens/s/user")
-    click.echo(f"speculative:  {spec['tokens_per_s_per_user']:8.1f} tokens/s/user  "
-               f"(acceptance length {spec['acceptance_length']:.2f})")
-    click.echo(f"speedup:      {report['speedup']:.2f}x   outputs identical: {report['outputs_identical']}")
+    click.echo(f"plain:    {report['plain']['tokens_per_s_per_user']:8.1f} tokens/s/user")
+    for key, label in (("speculative", "EAGLE-3"), ("ngram", "n-gram")):
+        if key in report:
+            mode = report[key]
+            click.echo(f"{label + ':':9s} {mode['tokens_per_s_per_user']:8.1f} tokens/s/user  speedup "
+                       f"{mode['speedup']:.2f}x  (acceptance length {mode['acceptance_length']:.2f})")
+    if "tau_ratio_eagle3_vs_ngram" in report:
+        click.echo(f"acceptance length EAGLE-3 / n-gram: {report['tau_ratio_eagle3_vs_ngram']:.2f}")
+    click.echo(f"outputs identical: {report['outputs_identical']}")
 
 
 def _bench_dir(loaded: Any) -> Any:

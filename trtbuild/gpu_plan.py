@@ -114,6 +114,9 @@ def _draft_step(recipe: Any, params: int) -> list[str]:
         return ["     draft: none (no speculative decoding)"]
     evaluation = (f"acceptance measured on {draft.eval.prompts} prompts with the project's runtime"
                   if draft.eval.prompts else "no acceptance run in the build (measure it with trtllm-bench)")
+    if draft.source == "ngram":
+        return [f"     draft: none to build: n-gram prompt lookup (TRT-LLM NGram, max_draft_len "
+                f"{draft.max_draft_len}, max_matching_ngram_size {draft.max_matching_ngram_size}); {evaluation}"]
     if draft.source == "train":
         line = (f"     draft: EAGLE-3 training with ModelOpt (modelopt.torch.speculative) in one process, "
                 f"{draft.total_steps()} steps of {draft.batch_size} x {draft.seq_len} tokens; {evaluation}")
@@ -137,7 +140,9 @@ def _engine_step(recipe: Any, params: int) -> list[str]:
     world = engine.tensor_parallel * engine.pipeline_parallel
     draft = recipe.stage_config("draft")
     spec = ""
-    if draft is not None and draft.source != "none":
+    if draft is not None and draft.source == "ngram":
+        spec = f", speculative_config NGram max_draft_len {engine.draft_len or draft.max_draft_len}"
+    elif draft is not None and draft.source != "none":
         from trtbuild.contract import load_contract
 
         kind = load_contract(engine.trtllm_version).eagle3_decoding_type

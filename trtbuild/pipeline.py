@@ -38,21 +38,25 @@ class PlannedStage:
     config: StageConfig | None
     key: str | None = None
     components: dict[str, Any] = field(default_factory=dict)
-    action: str = "skip"  # "run" | "cached" | "skip"
+    action: str = "skip"  # "run" | "cached" | "skip" | "failed"
     reason: str = ""
     artifact: Path | None = None
     seconds: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # failed: the one-line error
 
     @property
     def status(self) -> str:
-        return {"run": "ran", "cached": "cached", "skip": "skipped"}[self.action]
+        return {"run": "ran", "cached": "cached", "skip": "skipped", "failed": "failed"}[self.action]
 
     def to_json(self, executed: bool) -> dict[str, Any]:
         status = self.status if executed else {"run": "will-run", "cached": "cached", "skip": "skipped"}[self.action]
-        return {"name": self.name, "key": self.key, "status": status, "reason": self.reason,
+        data = {"name": self.name, "key": self.key, "status": status, "reason": self.reason,
                 "seconds": self.seconds, "artifact": str(self.artifact) if self.artifact else None,
                 "metrics": self.metrics}
+        if self.error is not None:
+            data["error"] = self.error
+        return data
 
 
 def code_version(stage: Stage) -> str:
@@ -205,11 +209,31 @@ def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str |
                 cache.touch(entry)
         else:
             progress.log(f"[bold]run[/] {item.name} ({item.reason})")
-            item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
+            try:
+                item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
+            except Exception as exc:
+                _record_failure(steps, item, exc)
+                with contextlib.suppress(OSError):
+                    _write_build_report(recipe, steps)
+                exc.build_steps = steps  # type: ignore[attr-defined]  # the CLI's --json report
+                raise
         artifacts[item.name] = Artifact(item.name, item.key, item.artifact)
         _link_output(recipe.output_path, item.name, item.artifact, cache.root)
     _write_build_report(recipe, steps)
     return steps
+
+
+def _record_failure(steps: list[PlannedStage], failed: PlannedStage, exc: Exception) -> None:
+    """The failed stage keeps its error and the metrics it measured before failing (a gate's
+    `exc.metrics`); the stages after it did not run."""
+    failed.action = "failed"
+    failed.error = exc.one_line() if isinstance(exc, TrtbuildError) else f"{type(exc).__name__}: {exc}"
+    failed.metrics = dict(getattr(exc, "metrics", None) or {})
+    after = False
+    for item in steps:
+        if after and item.action == "run":
+            item.action, item.reason = "skip", f"not run: the {failed.name} stage failed"
+        after = after or item is failed
 
 
 def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts: dict[str, Artifact],
@@ -234,6 +258,7 @@ def _run_stage(item: PlannedStage, recipe: Any, cache: ArtifactCache, artifacts:
             cache.discard(workdir)
             raise error from exc
         except BaseException:
+            item.seconds = round(time.perf_counter() - started, 3)
             cache.discard(workdir)  # a failed stage leaves nothing behind
             raise
         item.seconds = round(time.perf_counter() - started, 3)
@@ -284,8 +309,14 @@ def _link_output(output_dir: Path, name: str, target: Path, cache_root: Path) ->
 
 
 def report(recipe: Any, steps: list[PlannedStage], executed: bool) -> dict[str, Any]:
-    return {"recipe": str(recipe.recipe_file), "name": recipe.name, "output_dir": str(recipe.output_path),
-            "stages": [s.to_json(executed) for s in steps]}
+    data: dict[str, Any] = {"recipe": str(recipe.recipe_file), "name": recipe.name,
+                            "output_dir": str(recipe.output_path), "stages": [s.to_json(executed) for s in steps]}
+    failed = [s for s in steps if s.action == "failed"]
+    if executed:
+        data["status"] = "failed" if failed else "ok"
+    if failed:
+        data["error"] = failed[0].error
+    return data
 
 
 def _write_build_report(recipe: Any, steps: list[PlannedStage]) -> None:

@@ -65,7 +65,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from trtbuild.data.sources import load_texts
+    from trtbuild.data.sources import joiner, load_texts
     from trtbuild.eagle3.compat import check_compatible
     from trtbuild.eagle3.data import DataPlan, build_pool
     from trtbuild.eagle3.export import export_draft
@@ -93,7 +93,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=ctx.recipe.base_dir)
         plan = DataPlan(samples=config.samples, seq_len=config.seq_len,
                         distill_fraction=config.distill_fraction, prompt_len=config.prompt_len,
-                        seed=config.seed)
+                        seed=config.seed, separator=joiner(config.dataset, ctx.recipe.base_dir))
         pool = build_pool(target, tokenizer, texts, plan, ctx.progress)
         tmp = pool_file.with_name(f".{pool_file.name}.tmp")
         save_file({"pool": pool.contiguous()}, str(tmp))

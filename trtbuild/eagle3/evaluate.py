@@ -1,9 +1,12 @@
 """Acceptance length (tau) of a draft, measured with the project's runtime on held-out prompts.
 
 tau = tokens emitted per decode-step target forward (accepted draft tokens + the target's own
-token), pooled over all prompts, greedy target, at the recipe's max_draft_len. Generation does
-not stop at EOS so every prompt contributes the same number of tokens (the held-out stream
-joins paragraphs with EOS, and a budget cut short by an early EOS would make tau noisier).
+token), pooled over all prompts, greedy target, at the recipe's max_draft_len. The prompts are
+made like `trtbuild bench`'s (trtbuild.runtime.bench.record_prompts): the first `prompt_len`
+tokens of held-out records, BOS included, as a request starts; windows cut from the middle of
+a BOS-less stream measured a different draft (0.6-0.9 higher tau than the bench, see
+bench/RESULTS.md). Generation does not stop at EOS so every prompt contributes the same number
+of tokens.
 The runtime computes the first draft layer as TRT-LLM does (`first_norm="standard"`), which is
 also what our training computes (trtbuild.eagle3.model).
 """
@@ -20,27 +23,38 @@ if TYPE_CHECKING:
 FIRST_NORM = "standard"
 
 
-def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> Any:
-    """LongTensor [prompts, prompt_len]: consecutive windows from the start of the eval split."""
+def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> list[list[int]]:
+    """`settings.prompts` token-id prompts: record starts of the eval split, as the bench makes them."""
     from transformers import AutoTokenizer
 
-    from trtbuild.data.sources import load_texts, sequential_windows
+    from trtbuild.data.sources import load_texts
+    from trtbuild.errors import UserError
+    from trtbuild.runtime.bench import record_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     texts = load_texts(settings.dataset, "eval", tokenizer=tokenizer, base_dir=base_dir)
-    return sequential_windows(tokenizer, texts, settings.prompt_len, n=settings.prompts)
+    prompts = record_prompts(tokenizer, texts, settings.prompts, settings.prompt_len)
+    if not prompts:
+        raise UserError(f"no record of the evaluation text has {settings.prompt_len} tokens",
+                        field="draft.eval.prompt_len", fix="lower draft.eval.prompt_len")
+    return prompts
 
 
-def measure_tau(target_dir: Path, draft_dir: Path, prompts: Any, new_tokens: int, max_draft_len: int,
-                mode: str = "chain", progress: Any = None) -> dict[str, Any]:
-    """Speculative greedy decoding of every prompt; pooled acceptance statistics."""
+def measure_tau(target_dir: Path, draft_dir: Path | None, prompts: Any, new_tokens: int, max_draft_len: int,
+                mode: str = "chain", progress: Any = None, max_matching_ngram_size: int = 2) -> dict[str, Any]:
+    """Speculative greedy decoding of every prompt with the EAGLE-3 draft in `draft_dir`, or with
+    n-gram prompt lookup when it is None; pooled acceptance statistics."""
     from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
     from trtbuild.runtime.stats import acceptance_rates
 
     target = load_target(Path(target_dir))
-    draft = load_draft(Path(draft_dir), target, first_norm=FIRST_NORM)
-    generator = Generator(target, draft)
-    spec = SpecParams(max_draft_len=max_draft_len, mode=mode)  # type: ignore[arg-type]
+    if draft_dir is None:
+        generator = Generator(target)
+        spec = SpecParams(max_draft_len=max_draft_len, method="ngram", max_matching_ngram_size=max_matching_ngram_size)
+        mode = "ngram"
+    else:
+        generator = Generator(target, load_draft(Path(draft_dir), target, first_norm=FIRST_NORM))
+        spec = SpecParams(max_draft_len=max_draft_len, mode=mode)  # type: ignore[arg-type]
     accepted: list[int] = []
     tokens, seconds = 0, 0.0
     rows = [row for row in prompts]
@@ -62,8 +76,8 @@ def measure_tau(target_dir: Path, draft_dir: Path, prompts: Any, new_tokens: int
     }
 
 
-def evaluate_draft(target_dir: Path, draft_dir: Path, settings: DraftEval, max_draft_len: int,
-                   ctx: StageContext) -> dict[str, Any]:
+def evaluate_draft(target_dir: Path, draft_dir: Path | None, settings: DraftEval, max_draft_len: int,
+                   ctx: StageContext, max_matching_ngram_size: int = 2) -> dict[str, Any]:
     prompts = heldout_prompts(target_dir, settings, ctx.recipe.base_dir)
     return measure_tau(target_dir, draft_dir, prompts, settings.new_tokens, max_draft_len, settings.mode,
-                       ctx.progress)
+                       ctx.progress, max_matching_ngram_size)

@@ -1,8 +1,10 @@
-"""`trtbuild bench`: plain vs speculative decoding on the same prompts, side by side, one process.
+"""`trtbuild bench`: plain, EAGLE-3 and n-gram decoding on the same prompts, side by side, one process.
 
-The CPU is shared and noisy, so each prompt runs plain then speculative back to back and the
-figures that matter are the ratios (speedup, tau). Writes JSON and a PNG next to each other.
-This module is imported by the recipe schema for `BenchConfig`: torch is imported lazily.
+The CPU is shared and noisy, so each prompt runs every mode back to back and the figures that
+matter are the ratios (speedup, tau). Writes JSON and a PNG next to each other. The report keeps
+`speculative` / `speedup` for the EAGLE-3 draft and adds `ngram` (prompt lookup at the same
+max_draft_len) and `tau_ratio_eagle3_vs_ngram`. This module is imported by the recipe schema for
+`BenchConfig`: torch is imported lazily.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class BenchConfig(StageConfig):
         "standard", description="EAGLE-3 first-layer hidden norm: TRT-LLM's (what the draft stage "
         "trains), or stock ModelOpt's doubled norm")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="sampling seed (temperature > 0)")
+    ngram: bool = Field(True, description="also decode with prompt lookup (n-gram speculation, no draft "
+                        "model) at the same max_draft_len, side by side")
+    max_matching_ngram_size: int = Field(2, ge=1, le=64, description="n-gram: longest context suffix "
+                                         "looked up (TRT-LLM's max_matching_ngram_size)")
 
 
 def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
@@ -55,15 +61,23 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int) -> l
         raise UserError(f"cannot load a tokenizer from the target directory ({exc.__class__.__name__})",
                         file=str(tokenizer_dir), fix="bench needs the tokenizer files next to the model"
                         ) from None
+    usable = record_prompts(tokenizer, texts, count, length)
+    if not usable:
+        raise UserError(f"no prompt in {source!r} has {length} tokens", field="bench.prompt_len",
+                        fix="lower bench.prompt_len")
+    return usable
+
+
+def record_prompts(tokenizer: Any, texts: list[str], count: int, length: int) -> list[list[int]]:
+    """The first `length` tokens of `count` texts, evenly spaced over those long enough, encoded as
+    the tokenizer encodes a prompt (BOS included): how requests start. Shared with the draft
+    stage's evaluation, so its acceptance length is measured on prompts like the bench's."""
     usable = []
     for text in texts:
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
         if len(ids) >= length:
             usable.append(ids[:length])
-    if not usable:
-        raise UserError(f"no prompt in {source!r} has {length} tokens", field="bench.prompt_len",
-                        fix="lower bench.prompt_len")
-    step = max(len(usable) // count, 1)
+    step = max(len(usable) // count, 1) if count else 1
     return [usable[i * step] for i in range(min(count, len(usable)))]
 
 
@@ -90,10 +104,12 @@ def _prompt_texts(source: str) -> list[str]:
     return [p for p in path.read_text().split("\n\n") if p.strip()]
 
 
-def run_bench(target_dir: Path, draft_dir: Path, prompts: list[list[int]] | None, cfg: BenchConfig, *,
+def run_bench(target_dir: Path, draft_dir: Path | None, prompts: list[list[int]] | None, cfg: BenchConfig, *,
               out_path: Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
-    """Runs plain and speculative decoding on each prompt; returns (and writes) the figures.
+    """Decodes each prompt plain, with the EAGLE-3 draft and with n-gram lookup, back to back.
 
+    Every mode runs the same target (same dtype, same kernels); only the drafting differs.
+    draft_dir: the EAGLE-3 draft, or None to compare plain and n-gram decoding only.
     prompts: token-id lists, or None to read `cfg.prompts` with the target's tokenizer.
     out_path: where the JSON goes; the plot is written next to it (same stem, .png).
     """
@@ -102,96 +118,122 @@ def run_bench(target_dir: Path, draft_dir: Path, prompts: list[list[int]] | None
     from trtbuild.runtime.draft import load_draft
     from trtbuild.runtime.generate import Generator, SpecParams
     from trtbuild.runtime.sampling import SamplingParams
-    from trtbuild.runtime.stats import DecodeStats, acceptance_rates
+    from trtbuild.runtime.stats import DecodeStats
     from trtbuild.runtime.target import load_target
 
     progress = progress or Progress()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    target_dir = Path(target_dir)
     if prompts is None:
         prompts = load_prompts(cfg.prompts, target_dir, cfg.num_prompts, cfg.prompt_len)
     target = load_target(target_dir)
-    draft = load_draft(draft_dir, target, first_norm=cfg.draft_norm)
+    draft = load_draft(Path(draft_dir), target, first_norm=cfg.draft_norm) if draft_dir is not None else None
     generator = Generator(target, draft)
-    spec = SpecParams(max_draft_len=cfg.max_draft_len, mode="chain" if cfg.tree == "chain" else "tree",
-                      topk=cfg.topk, max_total_draft_tokens=cfg.max_total_draft_tokens,
-                      min_draft_prob=cfg.min_draft_prob)
+    modes: dict[str, SpecParams | None] = {"plain": None}
+    if draft is not None:
+        modes["speculative"] = SpecParams(max_draft_len=cfg.max_draft_len,
+                                          mode="chain" if cfg.tree == "chain" else "tree", topk=cfg.topk,
+                                          max_total_draft_tokens=cfg.max_total_draft_tokens,
+                                          min_draft_prob=cfg.min_draft_prob)
+    if cfg.ngram:
+        modes["ngram"] = SpecParams(max_draft_len=cfg.max_draft_len, method="ngram",
+                                    max_matching_ngram_size=cfg.max_matching_ngram_size)
+    if len(modes) == 1:
+        raise UserError("bench has nothing to compare plain decoding with: no draft and bench.ngram is false",
+                        field="bench.ngram", fix="set bench.ngram: true or give the recipe a draft")
     sampling = SamplingParams(temperature=cfg.temperature, seed=cfg.seed)
-    eos: list[int] = []  # fixed-length outputs: both modes decode exactly max_new_tokens
+    eos: list[int] = []  # fixed-length outputs: every mode decodes exactly max_new_tokens
 
-    def run(prompt: list[int], speculative: bool) -> tuple[list[int], DecodeStats]:
-        result = generator.generate(prompt, cfg.max_new_tokens, sampling=sampling,
-                                    spec=spec if speculative else None, eos_token_ids=eos)
+    def run(prompt: list[int], spec: SpecParams | None) -> tuple[list[int], DecodeStats]:
+        result = generator.generate(prompt, cfg.max_new_tokens, sampling=sampling, spec=spec, eos_token_ids=eos)
         return result.tokens, result.stats
 
     for i in range(cfg.warmup):
-        run(prompts[i % len(prompts)], False)
-        run(prompts[i % len(prompts)], True)
-    plain_stats: list[DecodeStats] = []
-    spec_stats: list[DecodeStats] = []
+        for spec in modes.values():
+            run(prompts[i % len(prompts)], spec)
+    stats: dict[str, list[DecodeStats]] = {name: [] for name in modes}
     identical = True
-    with progress.task("bench: plain vs speculative", len(prompts)) as bar:
+    with progress.task("bench: " + " vs ".join(modes), len(prompts)) as bar:
         for prompt in prompts:
-            plain_tokens, ps = run(prompt, False)
-            spec_tokens, ss = run(prompt, True)
-            identical &= plain_tokens == spec_tokens
-            plain_stats.append(ps)
-            spec_stats.append(ss)
-            bar.advance(1, tau=ss.acceptance_length)
+            reference = None
+            for name, spec in modes.items():  # back to back: the same load drift hits every mode
+                tokens, stat = run(prompt, spec)
+                reference = tokens if reference is None else reference
+                identical &= tokens == reference
+                stats[name].append(stat)
+            bar.advance(1, tau=stats[next(reversed(modes))][-1].acceptance_length)
 
-    def rate(stats: list[DecodeStats]) -> float:
-        tokens = sum(s.new_tokens - 1 for s in stats)
-        seconds = sum(s.decode_s for s in stats)
-        return tokens / seconds if seconds > 0 else 0.0
-
-    accepted = [a for s in spec_stats for a in s.accepted]
-    plain_tps, spec_tps = rate(plain_stats), rate(spec_stats)
-    spec_total = sum(s.decode_s for s in spec_stats)
-    draft_s = sum(s.draft_s for s in spec_stats)
-    verify_s = sum(s.target_s for s in spec_stats)
-    ttft = [s.ttft_s for s in spec_stats]
+    plain = stats["plain"]
     report: dict[str, Any] = {
         "target": str(target_dir),
-        "draft": str(draft_dir),
+        "draft": str(draft_dir) if draft_dir is not None else None,
         "target_fp8": target.is_fp8,
+        "target_dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "prompts": len(prompts),
         "config": cfg.model_dump(),
         "plain": {
-            "tokens_per_s_per_user": plain_tps,
-            "ttft_s": _mean([s.ttft_s for s in plain_stats]),
-            "new_tokens": sum(s.new_tokens for s in plain_stats),
-            "ms_per_target_forward": 1e3 * _mean([s.target_s / max(s.target_forwards, 1)
-                                                  for s in plain_stats]),
+            "tokens_per_s_per_user": _rate(plain),
+            "ttft_s": _mean([s.ttft_s for s in plain]),
+            "new_tokens": sum(s.new_tokens for s in plain),
+            "ms_per_target_forward": 1e3 * _mean([s.target_s / max(s.target_forwards, 1) for s in plain]),
         },
-        "speculative": {
-            "tokens_per_s_per_user": spec_tps,
-            "acceptance_length": 1.0 + sum(accepted) / len(accepted) if accepted else 1.0,
-            "acceptance_rate_per_position": acceptance_rates(accepted, cfg.max_draft_len),
-            "tokens_per_step_histogram": {str(k + 1): v for k, v in sorted(Counter(accepted).items())},
-            "ttft_s": _mean(ttft),
-            "new_tokens": sum(s.new_tokens for s in spec_stats),
-            "steps": len(accepted),
-            "profile": {
-                "draft_s": draft_s,
-                "target_s": verify_s,
-                "other_s": max(sum(s.total_s for s in spec_stats) - draft_s - verify_s, 0.0),
-                "decode_s": spec_total,
-                "ms_per_step_draft": 1e3 * draft_s / max(len(accepted), 1),
-                "ms_per_step_target": 1e3 * verify_s / max(len(accepted), 1),
-            },
-        },
-        "speedup": spec_tps / plain_tps if plain_tps > 0 else 0.0,
-        "outputs_identical": identical,
     }
+    for name in modes:
+        if name != "plain":
+            report[name] = _speculative_figures(stats[name], cfg.max_draft_len)
+            report[name]["speedup"] = _ratio(report[name]["tokens_per_s_per_user"], _rate(plain))
+    if "speculative" in report:
+        report["speedup"] = report["speculative"]["speedup"]
+    if "speculative" in report and "ngram" in report:
+        report["tau_ratio_eagle3_vs_ngram"] = _ratio(report["speculative"]["acceptance_length"],
+                                                     report["ngram"]["acceptance_length"])
+    report["outputs_identical"] = identical
     if out_path is not None:
         out_path = Path(out_path)
         plot_path = out_path.with_suffix(".png")
-        write_plot(report, accepted, plot_path)
+        write_plot(report, stats, plot_path)
         report["plot"] = str(plot_path)
         _write_atomic(out_path, json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _rate(stats: list[Any]) -> float:
+    """tokens/s/user after the first token, pooled over prompts."""
+    tokens = sum(s.new_tokens - 1 for s in stats)
+    seconds = sum(s.decode_s for s in stats)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+def _speculative_figures(stats: list[Any], max_draft_len: int) -> dict[str, Any]:
+    from trtbuild.runtime.stats import acceptance_rates
+
+    accepted = [a for s in stats for a in s.accepted]
+    draft_s = sum(s.draft_s for s in stats)
+    verify_s = sum(s.target_s for s in stats)
+    steps = max(len(accepted), 1)
+    return {
+        "tokens_per_s_per_user": _rate(stats),
+        "acceptance_length": 1.0 + sum(accepted) / len(accepted) if accepted else 1.0,
+        "acceptance_rate_per_position": acceptance_rates(accepted, max_draft_len),
+        "tokens_per_step_histogram": {str(k + 1): v for k, v in sorted(Counter(accepted).items())},
+        "ttft_s": _mean([s.ttft_s for s in stats]),
+        "new_tokens": sum(s.new_tokens for s in stats),
+        "steps": len(accepted),
+        "profile": {
+            "draft_s": draft_s,
+            "target_s": verify_s,
+            "other_s": max(sum(s.total_s for s in stats) - draft_s - verify_s, 0.0),
+            "decode_s": sum(s.decode_s for s in stats),
+            "ms_per_step_draft": 1e3 * draft_s / steps,
+            "ms_per_step_target": 1e3 * verify_s / steps,
+        },
+    }
 
 
 def _mean(values: list[float]) -> float:
@@ -210,8 +252,8 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_plot(report: dict[str, Any], accepted: list[int], path: Path) -> None:
-    """Left: histogram of tokens emitted per target forward (tau); right: tokens/s/user bars."""
+def write_plot(report: dict[str, Any], stats: dict[str, list[Any]], path: Path) -> None:
+    """Left: tokens emitted per target forward, per speculative mode; right: tokens/s/user bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,19 +261,24 @@ def write_plot(report: dict[str, Any], accepted: list[int], path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     depth = report["config"]["max_draft_len"]
-    counts = Counter(a + 1 for a in accepted)
     xs = list(range(1, depth + 2))
-    left.bar(xs, [counts.get(x, 0) for x in xs], color="tab:blue")
-    tau = report["speculative"]["acceptance_length"]
-    left.axvline(tau, color="tab:red", linestyle="--", label=f"tau = {tau:.2f}")
+    spec_modes = [m for m in stats if m != "plain"]
+    width = 0.8 / max(len(spec_modes), 1)
+    for i, mode in enumerate(spec_modes):
+        counts = Counter(a + 1 for s in stats[mode] for a in s.accepted)
+        tau = report[mode]["acceptance_length"]
+        left.bar([x + (i - (len(spec_modes) - 1) / 2) * width for x in xs], [counts.get(x, 0) for x in xs],
+                 width=width, color=_COLORS[mode], label=f"{_LABELS[mode]}: tau = {tau:.2f}")
     left.set_xlabel("tokens emitted per target forward")
     left.set_ylabel("decode steps")
-    left.set_title("EAGLE-3 acceptance")
+    left.set_title("acceptance")
     left.legend()
-    values = [report["plain"]["tokens_per_s_per_user"], report["speculative"]["tokens_per_s_per_user"]]
-    right.bar(["plain", "speculative"], values, color=["tab:gray", "tab:green"])
+    names = ["plain", *spec_modes]
+    right.bar([_LABELS[m] for m in names], [report[m]["tokens_per_s_per_user"] for m in names],
+              color=[_COLORS[m] for m in names])
     right.set_ylabel("tokens/s/user")
-    right.set_title(f"speedup {report['speedup']:.2f}x, identical: {report['outputs_identical']}")
+    speedups = ", ".join(f"{_LABELS[m]} {report[m]['speedup']:.2f}x" for m in spec_modes)
+    right.set_title(f"{speedups}; identical: {report['outputs_identical']}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
@@ -244,3 +291,7 @@ def write_plot(report: dict[str, Any], accepted: list[int], path: Path) -> None:
         raise
     finally:
         plt.close(fig)
+
+
+_LABELS = {"plain": "plain", "speculative": "EAGLE-3", "ngram": "n-gram"}
+_COLORS = {"plain": "tab:gray", "speculative": "tab:green", "ngram": "tab:orange"}

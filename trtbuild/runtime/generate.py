@@ -1,10 +1,12 @@
-"""Decoding loops: plain (one target forward per token) and EAGLE-3 speculative (tree/chain).
+"""Decoding loops: plain (one target forward per token), EAGLE-3 speculative (tree/chain) and
+prompt-lookup (n-gram) speculative decoding.
 
-Both are iterators of newly emitted token ids, so a server can stream them; `Generator.generate`
+All are iterators of newly emitted token ids, so a server can stream them; `Generator.generate`
 drains one and returns the tokens with `DecodeStats`. Speculative verification walks the draft
 tree with the token the target itself picks at each node (argmax, or a draw from its sampling
 distribution), so greedy output equals plain greedy decoding and sampled output follows the
-target's own distribution exactly, whatever the draft proposes.
+target's own distribution exactly, whatever the draft proposes. A chain (EAGLE-3 chain drafting,
+n-gram proposals) is verified by the same causal forward as a plain prefill of those tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from trtbuild.errors import UserError
 from trtbuild.runtime.draft import DraftModel
 from trtbuild.runtime.kv_cache import KVCache
+from trtbuild.runtime.ngram import NGramDrafter
 from trtbuild.runtime.sampling import Sampler, SamplingParams
 from trtbuild.runtime.stats import DecodeStats
 from trtbuild.runtime.target import TargetModel
@@ -27,7 +30,9 @@ from trtbuild.runtime.tree import TreeDrafter, TreeShape
 
 @dataclass(frozen=True)
 class SpecParams:
-    """How to draft. `chain`: max_draft_len tokens in a line; `tree`: dynamic top-k tree."""
+    """How to draft. method `eagle3` (needs the draft model): `chain` drafts max_draft_len tokens in
+    a line, `tree` a dynamic top-k tree. method `ngram`: prompt lookup, no draft model, a chain of
+    at most max_draft_len tokens that followed the longest matching n-gram earlier in the context."""
 
     max_draft_len: int = 4
     mode: Literal["chain", "tree"] = "chain"
@@ -36,9 +41,12 @@ class SpecParams:
     # chain only: stop drafting once the draft's own probability of its token falls below this
     # (verifying a token costs target compute on a CPU; unlikely ones are not worth it). 0 = off.
     min_draft_prob: float = 0.0
+    method: Literal["eagle3", "ngram"] = "eagle3"
+    max_matching_ngram_size: int = 3  # ngram: longest suffix looked up
+    ngram_use_oldest: bool = True  # ngram: the earliest occurrence of a match (TRT-LLM's default)
 
     def shape(self) -> TreeShape:
-        if self.mode == "chain":
+        if self.mode == "chain" or self.method == "ngram":
             return TreeShape(self.max_draft_len, 1, self.max_draft_len)
         return TreeShape(self.max_draft_len, self.topk, self.max_total_draft_tokens)
 
@@ -74,8 +82,8 @@ class Decoding:
         if ids.numel() + max_new_tokens + extra > target.max_positions:
             raise UserError(f"prompt ({ids.numel()}) + max_new_tokens ({max_new_tokens}) exceed the "
                             f"model's {target.max_positions} positions")
-        if spec is not None and generator.draft is None:
-            raise UserError("speculative decoding needs a draft model")
+        if spec is not None and spec.method == "eagle3" and generator.draft is None:
+            raise UserError("EAGLE-3 speculative decoding needs a draft model")
         self.gen = generator
         self.prompt = ids.to(target.device).view(1, -1)
         self.max_new = max_new_tokens
@@ -83,7 +91,10 @@ class Decoding:
         self.spec = spec
         self.eos = set(target.spec.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.stats = DecodeStats(prompt_tokens=ids.numel(), max_draft_len=spec.max_draft_len if spec else 0)
-        self._iter = self._speculative() if spec is not None else self._plain()
+        if spec is None:
+            self._iter = self._plain()
+        else:
+            self._iter = self._ngram() if spec.method == "ngram" else self._speculative()
 
     def __iter__(self) -> Iterator[list[int]]:
         return self
@@ -201,6 +212,45 @@ class Decoding:
                 stats.draft_s += draft_s + (t4 - t3)
                 stats.target_s += t3 - t1 - draft_s
                 new, done = self._emit(emitted.tolist(), t0)
+                yield new
+
+    # -- prompt-lookup (n-gram) speculative decoding ----------------------------------------
+
+    def _ngram(self) -> Iterator[list[int]]:
+        target, stats, spec = self.gen.target, self.stats, self.spec
+        assert spec is not None
+        drafter = NGramDrafter(spec.max_matching_ngram_size, spec.max_draft_len, spec.ngram_use_oldest)
+        drafter.extend(self.prompt[0].tolist())
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            n = self.prompt.shape[1]
+            cache = target.new_cache(1, n + self.max_new + spec.max_draft_len + 2)
+            logits, _ = target.forward(self.prompt, cache, 0, logits_rows=slice(-1, None))
+            root = int(self.sampler(logits[0])[0])
+            stats.target_forwards += 1
+            stats.target_s = time.perf_counter() - t0
+            new, done = self._emit([root], t0)
+            yield new
+            while not done:
+                t1 = time.perf_counter()
+                drafter.extend(new)
+                # never propose past the token budget (TRT-LLM stops at max_seq_len the same way)
+                proposal = drafter.propose(self.max_new - stats.new_tokens - 1)
+                chain = torch.tensor([root, *proposal], dtype=torch.long, device=target.device)
+                t2 = time.perf_counter()
+                logits, _ = target.forward(chain.view(1, -1), cache, n)
+                picked = self.sampler(logits[0]).tolist()  # the target's token after each position
+                a = 0
+                while a < len(proposal) and proposal[a] == picked[a]:
+                    a += 1
+                root = picked[a]
+                t3 = time.perf_counter()
+                n += a + 1
+                stats.target_forwards += 1
+                stats.accepted.append(a)
+                stats.draft_s += t2 - t1
+                stats.target_s += t3 - t2
+                new, done = self._emit([*proposal[:a], root], t0)
                 yield new
 
     def _draft_chain(self, out_last: torch.Tensor, dlogits: torch.Tensor, root: torch.Tensor,

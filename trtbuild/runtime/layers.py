@@ -22,8 +22,21 @@ def fp8_round(x: torch.Tensor) -> torch.Tensor:
 
 def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x on the FP8 grid of a per-tensor scale (= amax / 448), as ModelOpt's fake quantizer."""
-    inv = 448.0 / (scale * 448.0)
-    return fp8_round(x * inv) * (1.0 / inv)
+    return FakeQuantFP8(scale)(x)
+
+
+class FakeQuantFP8:
+    """`fake_quant_fp8` with its two factors computed once (a KV cache's scale is fixed at load):
+    the same values, four fewer ops per call."""
+
+    __slots__ = ("inv", "deq")
+
+    def __init__(self, scale: torch.Tensor) -> None:
+        self.inv = 448.0 / (scale * 448.0)
+        self.deq = 1.0 / self.inv
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_round(x * self.inv) * self.deq
 
 
 class Linear:
@@ -75,7 +88,11 @@ class Linear:
         if self.plugin is not None and x.numel() <= 16 * x.shape[-1]:  # decode-sized: the plugin op
             out = self.plugin(x, self.inv_scale)
         elif self.inv_scale is not None:
-            out = (fp8_round(x * self.inv_scale).to(torch.float64) @ self.weight_t).to(x.dtype)
+            # fp8(x * inv) in the weight's float64; no-op casts skipped (each is a dispatcher call)
+            q = (x * self.inv_scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(self.weight_t.dtype)
+            out = q @ self.weight_t
+            if out.dtype != x.dtype:
+                out = out.to(x.dtype)
         else:
             out = x @ self.weight_t
         if self.bias is not None:

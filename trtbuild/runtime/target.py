@@ -12,11 +12,11 @@ from trtbuild.runtime.checkpoint import Weights, load_state_dict
 from trtbuild.runtime.hf_config import LlamaSpec, QuantInfo, read_target_config
 from trtbuild.runtime.kv_cache import KVCache
 from trtbuild.runtime.layers import (
+    FakeQuantFP8,
     Linear,
     apply_linears,
     apply_rope,
     attention,
-    fake_quant_fp8,
     fuse_linears,
     interleave_rope_rows,
     prepare_mask,
@@ -37,6 +37,10 @@ class DecoderLayer:
     down: Linear
     k_scale: torch.Tensor | None = None  # FP8 KV cache (ModelOpt k_proj.k_scale / v_proj.v_scale)
     v_scale: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.k_quant = FakeQuantFP8(self.k_scale) if self.k_scale is not None else None
+        self.v_quant = FakeQuantFP8(self.v_scale) if self.v_scale is not None else None
 
 
 def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: int) -> DecoderLayer:
@@ -74,10 +78,10 @@ def attention_block(layer: DecoderLayer, x: torch.Tensor, spec: LlamaSpec, cache
     q = qk[:, :, :nq].transpose(1, 2)
     k = qk[:, :, nq:].transpose(1, 2)
     v = qkv[..., (nq + nkv) * d:].view(b, t, nkv, d).transpose(1, 2)
-    if layer.k_scale is not None:
-        k = fake_quant_fp8(k, layer.k_scale)
-    if layer.v_scale is not None:
-        v = fake_quant_fp8(v, layer.v_scale)
+    if layer.k_quant is not None:
+        k = layer.k_quant(k)
+    if layer.v_quant is not None:
+        v = layer.v_quant(v)
     k_cache, v_cache = cache.layer(index)
     end = start + t
     k_cache[:, :, start:end] = k

@@ -36,18 +36,21 @@ class DraftGate(StageConfig):
 class DraftEval(StageConfig):
     dataset: TextSource = Field(default=TextSource(kind="pydoc"), description="Held-out text the prompts "
                                 "come from (its eval split: pydoc's held-out paragraphs).")
-    prompts: int = Field(default=8, ge=0, le=10**5, description="Number of prompts; 0 skips the evaluation "
-                         "(then no gate can be checked).")
-    prompt_len: int = Field(default=32, ge=1, le=1 << 20, description="Prompt length in tokens.")
-    new_tokens: int = Field(default=96, ge=1, le=1 << 20, description="Tokens generated per prompt (greedy target).")
+    prompts: int = Field(default=8, ge=0, le=10**5, description="Number of prompts: the first prompt_len "
+                         "tokens (BOS included) of records evenly spaced over the eval split, as `trtbuild "
+                         "bench` makes them; 0 skips the evaluation (then no gate can be checked).")
+    prompt_len: int = Field(default=64, ge=1, le=1 << 20, description="Prompt length in tokens.")
+    new_tokens: int = Field(default=128, ge=1, le=1 << 20, description="Tokens generated per prompt (greedy target).")
     mode: Literal["chain", "tree"] = Field(default="chain", description="Speculation shape used by the "
                                            "runtime: one chain of max_draft_len tokens, or a tree.")
 
 
 class DraftConfig(StageConfig):
-    source: Literal["train", "path", "hub", "none"] = Field(
+    source: Literal["train", "path", "hub", "ngram", "none"] = Field(
         default="train", description="train: EAGLE-3 training with ModelOpt against the target; path: a "
-        "local draft directory; hub: a repo id in the local HF cache (offline); none: no draft.")
+        "local draft directory; hub: a repo id in the local HF cache (offline); ngram: no draft model, "
+        "prompt lookup (TRT-LLM's NGram speculative decoding; the stage measures its tau); none: no "
+        "speculative decoding.")
     path: str | None = Field(default=None, description="source: path: the EAGLE-3 draft directory.")
     repo_id: str | None = Field(default=None,
                                 description="source: hub: e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B.")
@@ -56,6 +59,8 @@ class DraftConfig(StageConfig):
                                      "loaded draft (names from trtbuild.eagle3.compat.CHECKS, e.g. rope).")
     max_draft_len: int = Field(default=3, ge=1, le=16, description="Draft tokens per step, as the engine "
                                "(speculative_config.max_draft_len) and the runtime use it.")
+    max_matching_ngram_size: int = Field(default=2, ge=1, le=16, description="source: ngram: longest suffix "
+                                         "of the context looked up (TRT-LLM's max_matching_ngram_size).")
     aux_layers: list[int] | None = Field(
         default=None, description="Target layers whose hidden states feed the draft. Default: TRT-LLM's "
         "{1, L/2-1, L-4}, clipped and de-duplicated.")
@@ -185,6 +190,8 @@ class DraftStage(Stage):
         assert isinstance(config, DraftConfig)
         if config.source == "none":
             return StageResult(metrics={"source": "none"}, info={"source": "none", "draft": None})
+        if config.source == "ngram":
+            return self._ngram(config, ctx)
         model_artifact = ctx.input("model")
         target_dir = model_artifact.path / "hf"
         out = ctx.out_dir / "eagle3"
@@ -222,8 +229,20 @@ class DraftStage(Stage):
                         "aux_layers": draft.aux_layer_ids(),
                         "draft_parameters": sum(_numel(t.shape) for t in draft.tensors.values())})
         metrics.update(_evaluate(config, ctx, target_dir, out))
-        _gate(config, metrics)
+        _gate(config, metrics, _seeds(config, ctx.recipe))
         return StageResult(metrics=metrics, info=info)
+
+    @staticmethod
+    def _ngram(config: DraftConfig, ctx: StageContext) -> StageResult:
+        """No model to build: record the choice and measure prompt lookup's tau on the eval prompts."""
+        metrics: dict[str, Any] = {"source": "ngram", "max_draft_len": config.max_draft_len,
+                                   "max_matching_ngram_size": config.max_matching_ngram_size}
+        (ctx.out_dir / "ngram.json").write_text(json.dumps(
+            {"decoding_type": "NGram", "max_draft_len": config.max_draft_len,
+             "max_matching_ngram_size": config.max_matching_ngram_size}, indent=2) + "\n")
+        metrics.update(_evaluate(config, ctx, ctx.input("model").path / "hf", None))
+        _gate(config, metrics, _seeds(config, ctx.recipe))
+        return StageResult(metrics=metrics, info={"source": "ngram", "draft": None})
 
     @staticmethod
     def _loaded_dir(config: DraftConfig, recipe: Any) -> Path:
@@ -275,15 +294,27 @@ def _numel(shape: list[int]) -> int:
     return total
 
 
-def _evaluate(config: DraftConfig, ctx: StageContext, target_dir: Path, draft_dir: Path) -> dict[str, Any]:
+def _evaluate(config: DraftConfig, ctx: StageContext, target_dir: Path, draft_dir: Path | None
+              ) -> dict[str, Any]:
+    """tau on the eval prompts: of the EAGLE-3 draft in draft_dir, or of n-gram lookup (None)."""
     if config.eval.prompts == 0:
         return {"acceptance_length": None}
     from trtbuild.eagle3.evaluate import evaluate_draft
 
-    return evaluate_draft(target_dir, draft_dir, config.eval, config.max_draft_len, ctx)
+    return evaluate_draft(target_dir, draft_dir, config.eval, config.max_draft_len, ctx,
+                          max_matching_ngram_size=config.max_matching_ngram_size)
 
 
-def _gate(config: DraftConfig, metrics: dict[str, Any]) -> None:
+def _seeds(config: DraftConfig, recipe: Any) -> str:
+    """The seeds that shaped the measured tau: the draft's, and the tiny target's when it is one."""
+    seeds = f"draft.seed {config.seed}"
+    model = recipe.stage_config("model") if hasattr(recipe, "stage_config") else None
+    if model is not None and getattr(model, "source", None) == "tiny" and getattr(model, "tiny", None):
+        seeds += f", model.tiny.seed {model.tiny.seed}"
+    return seeds
+
+
+def _gate(config: DraftConfig, metrics: dict[str, Any], seeds: str = "") -> None:
     wanted = config.gate.min_acceptance_length
     if wanted is None:
         return
@@ -292,7 +323,9 @@ def _gate(config: DraftConfig, metrics: dict[str, Any]) -> None:
         raise UserError("draft.gate.min_acceptance_length is set but the evaluation is off (eval.prompts: 0)",
                         field="draft.gate.min_acceptance_length", fix="set draft.eval.prompts > 0")
     if tau < wanted:
-        raise BuildError(f"acceptance length {tau:.3f} < gate {wanted} at max_draft_len "
-                         f"{config.max_draft_len} ({config.eval.mode})",
-                         field="draft.gate.min_acceptance_length",
-                         fix="train longer (draft.steps / draft.samples) or lower the gate")
+        error = BuildError(f"measured acceptance length {tau:.3f} < gate {wanted} at max_draft_len "
+                           f"{config.max_draft_len} ({config.eval.mode}, {seeds or 'seed unknown'})",
+                           field="draft.gate.min_acceptance_length",
+                           fix="train longer (draft.steps / draft.samples) or lower the gate")
+        error.metrics = dict(metrics)  # type: ignore[attr-defined]  # reported by `build --json`
+        raise error

@@ -181,11 +181,13 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         "calibration_seconds": calibration_seconds,
     }
     if ratio > gate.max_perplexity_ratio:
-        raise BuildError(
+        error = BuildError(
             f"FP8 accuracy gate failed: perplexity {quantized.value:.4f} quantized vs {base.value:.4f} base "
             f"on {gate.eval_dataset.describe()} (ratio {ratio:.6f} > max_perplexity_ratio "
             f"{gate.max_perplexity_ratio})", field="quantize.gate.max_perplexity_ratio",
             fix="exclude sensitive layers (quantize.exclude), calibrate on closer data, or relax the gate")
+        error.metrics = metrics  # type: ignore[attr-defined]  # reported by `build --json`
+        raise error
 
     # The export packs weights in place; keep the fake-quant logits the runtime check compares to.
     with torch.no_grad():

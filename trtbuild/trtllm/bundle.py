@@ -193,7 +193,9 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
         values["enable_min_latency"] = True
     if not config.enable_autotuner:
         values["enable_autotuner"] = False
-    if with_draft:
+    if ngram_config(recipe) is not None:  # prompt lookup: no draft model
+        values["speculative_config"] = ngram_config(recipe, draft_len(config, recipe))
+    elif with_draft:
         spec = SpeculativeConfig(decoding_type=contract.eagle3_decoding_type,
                                  max_draft_len=draft_len(config, recipe) or 1,
                                  **{contract.draft_model_key: f"./{draft_rel}"},
@@ -209,6 +211,15 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
     options = LlmApiOptions(**values)
     # Re-validate the assembled object exactly as a reader of the file will.
     return parse_options(options.to_dict(), "llm_api_options.yaml")
+
+
+def ngram_config(recipe: Any, max_draft_len: int | None = None) -> SpeculativeConfig | None:
+    """draft.source ngram: TRT-LLM's prompt lookup with a pool per request (what the runtime rehearses)."""
+    draft = getattr(recipe, "draft", None)
+    if draft is None or getattr(draft, "source", None) != "ngram":
+        return None
+    return SpeculativeConfig(decoding_type="NGram", max_draft_len=max_draft_len or draft.max_draft_len,
+                               max_matching_ngram_size=draft.max_matching_ngram_size, is_public_pool=False)
 
 
 def with_absolute_paths(options: LlmApiOptions, bundle: Path) -> dict[str, Any]:
