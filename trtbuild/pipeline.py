@@ -23,7 +23,7 @@ from typing import Any
 from trtbuild.cache import ArtifactCache, Entry, dir_size
 from trtbuild.errors import TrtbuildError, UserError, os_error
 from trtbuild.progress import Progress
-from trtbuild.safepaths import ensure_inside, mark_output_dir
+from trtbuild.safepaths import OUTPUT_MARKER, ensure_inside, mark_output_dir
 from trtbuild.stages import STAGE_ORDER, all_stages
 from trtbuild.stages.base import Artifact, Stage, StageConfig, StageContext
 
@@ -213,8 +213,11 @@ def build(recipe: Any, cache: ArtifactCache, progress: Progress, *, until: str |
                 item.artifact = _run_stage(item, recipe, cache, artifacts, progress).path
             except Exception as exc:
                 _record_failure(steps, item, exc)
-                with contextlib.suppress(OSError):
-                    _write_build_report(recipe, steps)
+                # Best effort, and only into an output dir an earlier build made: a first build that
+                # fails creates nothing (the --json report on stdout carries the same content).
+                if (recipe.output_path / OUTPUT_MARKER).is_file():
+                    with contextlib.suppress(OSError, TrtbuildError):
+                        _write_build_report(recipe, steps)
                 exc.build_steps = steps  # type: ignore[attr-defined]  # the CLI's --json report
                 raise
         artifacts[item.name] = Artifact(item.name, item.key, item.artifact)
