@@ -1,0 +1,75 @@
+"""One row of the draft ablation in bench/RESULTS.md: train an EAGLE-3 draft with the draft stage's
+own code on a target, then measure tau on the bench prompts, EAGLE-3 and n-gram side by side.
+
+    python bench/draft_ablation.py TARGET_HF_DIR OUT_DIR [field=value ...]
+
+TARGET_HF_DIR: the unquantized target (e.g. build/tiny-cpu/model/hf). Fields are DraftConfig's
+(`steps=600 aux_layers=[1,3,5] lr=3e-3`), on top of the shipped tiny recipe's draft section.
+Prints one JSON line: training seconds and per-step accuracy, tau at chain 3 and 5 for the draft
+(`etau3`, `etau5`, with conditional acceptance per position) and for prompt lookup (`ntau3`, `ntau5`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    from trtbuild.eagle3.build import train_draft
+    from trtbuild.progress import Progress
+    from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
+    from trtbuild.runtime.bench import load_prompts
+    from trtbuild.runtime.stats import acceptance_rates
+    from trtbuild.stages.draft import DraftConfig
+
+    target, out = Path(argv[0]), Path(argv[1])
+    overrides: dict[str, Any] = {}
+    for item in argv[2:]:
+        key, value = item.split("=", 1)
+        overrides[key] = yaml.safe_load(value)
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
+    fields = {k: v for k, v in yaml.safe_load(recipe.read_text())["draft"].items() if k not in ("source", "gate")}
+    config = DraftConfig(**{**fields, **overrides})
+    torch.set_num_threads(2)
+
+    class _Recipe:
+        base_dir = Path(".")
+
+        def stage_config(self, name: str) -> None:
+            return None
+
+    class _Context:
+        recipe = _Recipe()
+        progress = Progress()
+
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    result = train_draft(config, _Context(), target, out / "eagle3", out.with_name(out.name + ".resume"))
+    row: dict[str, Any] = {"overrides": overrides, "seconds": round(time.perf_counter() - started, 1),
+                           "train_step_accuracy": result["metrics"]["train_step_accuracy"]}
+    model = load_target(target)
+    generator = Generator(model, load_draft(out / "eagle3", model))
+    prompts = load_prompts("pydoc-heldout", target, 8, 64)
+    for depth in (3, 5):
+        for method, tag in (("eagle3", "e"), ("ngram", "n")):
+            accepted: list[int] = []
+            spec = SpecParams(max_draft_len=depth, method=method, max_matching_ngram_size=2)
+            for prompt in prompts:
+                accepted += generator.generate(prompt, 128, spec=spec, eos_token_ids=[]).stats.accepted
+            row[f"{tag}tau{depth}"] = round(1 + sum(accepted) / len(accepted), 3)
+            if method == "eagle3":
+                row[f"rates{depth}"] = [round(r, 3) for r in acceptance_rates(accepted, depth)]
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
