@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 VOCAB = 384
 
 
@@ -64,3 +66,29 @@ def write_target_config(directory: Path, **overrides: Any) -> Path:
     (directory / "config.json").write_text(json.dumps(llama_config(**overrides).to_dict()))
     write_tokenizer(directory)
     return directory
+
+
+# Reference drafting with trtbuild's runtime (compared against ModelOpt's own pseudo_speculative_generate).
+def base_token(target, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return target.logits(ids)[:, -1:].argmax(-1)
+
+
+@torch.inference_mode()
+def runtime_chain(target, draft, ids: torch.Tensor, steps: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Chain drafting with the runtime's building blocks: aux states of the prompt -> fc -> draft steps."""
+    t = ids.shape[1]
+    cache = target.new_cache(1, t)
+    logits, aux = target.forward(ids, cache, 0, aux_layers=draft.aux_layers)
+    base = logits[:, -1:].argmax(-1)
+    next_ids = torch.cat([ids[:, 1:], base], 1)
+    dcache = draft.new_cache(1, t + steps)
+    hidden, out = draft.project(aux), None
+    tokens = []
+    start = 0
+    for _ in range(steps):
+        out, draft_logits = draft.forward(hidden, next_ids, dcache, start)
+        token = draft.to_target[draft_logits[:, -1].argmax(-1)][:, None]
+        tokens.append(token)
+        start += hidden.shape[1]
+        hidden, next_ids = out[:, -1:], token
+    return torch.cat(tokens, 1)
