@@ -8,7 +8,9 @@ nvidia-modelopt 0.37). What they write must be what TensorRT-LLM 1.1.0 reads (it
 - engine: the bundle options and launch command of both GPU recipes against 1.1.0 (tests/test_contract.py
   holds the full matrix; this is the subset the second environment runs besides).
 - draft: the export's tensor naming (ModelOpt 0.47 writes layers.0.*, trtbuild renames to midlayer.*;
-  ModelOpt 0.37 itself writes midlayer.*), checked on the names a conversion produces.
+  ModelOpt 0.37 itself writes midlayer.*), checked on the names a conversion produces; and a tiny
+  draft trained by the installed ModelOpt (trtbuild.eagle3.modelopt_compat adapts 0.37): the same
+  checkpoint format either way, and trtbuild's runtime drafts what the trained module drafts.
 """
 
 from __future__ import annotations
@@ -162,10 +164,11 @@ def trained_draft(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
 
 
 def test_draft_training_runs_with_installed_modelopt(trained_draft) -> None:  # type: ignore[no-untyped-def]
-    from trtbuild.eagle3.modelopt_compat import effective_ttt_steps
+    from trtbuild.eagle3.modelopt_compat import effective_ttt_steps, ignored_settings, is_legacy
 
     model, _, _, result, changed = trained_draft
     assert result.steps == 4 and len(result.step_accuracy) == effective_ttt_steps(3)
+    assert bool(ignored_settings(3, 0.9)) == is_legacy()  # 0.37's fixed unroll is reported, 0.47 honours both
     assert all(0.0 <= a <= 1.0 for a in result.step_accuracy) and result.final_loss > 0
     trainable = {n for n, p in model.eagle_module.named_parameters() if p.requires_grad}
     assert trainable and trainable <= set(changed)  # every draft weight was updated

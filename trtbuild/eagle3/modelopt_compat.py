@@ -81,6 +81,18 @@ def effective_ttt_steps(requested: int) -> int:
     return LEGACY_TTT_STEPS if is_legacy() else requested
 
 
+def ignored_settings(ttt_steps: int, loss_decay: float) -> list[str]:
+    """Draft settings the installed release cannot honour, one line each (empty with 0.47)."""
+    if not is_legacy():
+        return []
+    notes = []
+    if ttt_steps != LEGACY_TTT_STEPS:
+        notes.append(f"draft.ttt_steps {ttt_steps}: ModelOpt 0.37 always unrolls {LEGACY_TTT_STEPS} passes")
+    if loss_decay != 1.0:
+        notes.append(f"draft.loss_decay {loss_decay}: ModelOpt 0.37 weights every pass's loss equally")
+    return notes
+
+
 def step_accuracy(train_acc: Any) -> list[float]:
     """Per-pass top-1 agreement: 0.47 returns [[a0, a1, ...]], 0.37 (a0, a1, a2, a3)."""
     first = train_acc[0]
