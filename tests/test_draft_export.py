@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from draft_fixtures import base_token, runtime_chain, write_target
+from draft_fixtures import base_token, random_eagle3, runtime_chain, write_target
 
 from trtbuild.eagle3.format import default_aux_layers
 from trtbuild.errors import UserError
@@ -30,20 +30,10 @@ DRAFT_VOCAB = 256
 def converted(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A random target, converted by ModelOpt, draft weights randomised (norms far from 1), exported."""
     from trtbuild.eagle3.export import export_draft
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
-    from trtbuild.eagle3.vocab import d2t_table
 
     root = tmp_path_factory.mktemp("export")
     target_dir = write_target(root / "target", num_hidden_layers=6)
-    chosen = sorted(torch.randperm(384, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB].tolist())
-    model = convert_to_eagle3(load_target(target_dir),
-                              DraftArch(aux_layers=default_aux_layers(6), draft_vocab_size=DRAFT_VOCAB),
-                              d2t_table(chosen))
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, param in model.eagle_module.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1 + 0.5 * noise if "norm" in name else 0.3 * noise)
+    model, chosen = random_eagle3(target_dir, 6, DRAFT_VOCAB)
     model.eval()
     export_draft(model, root / "draft", target_dir=target_dir, dtype="float32")
     return model, target_dir, root / "draft", chosen

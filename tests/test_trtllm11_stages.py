@@ -134,26 +134,15 @@ DRAFT_VOCAB = 256  # < the target's 384: the export carries d2t and the draft's 
 def trained_draft(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A tiny EAGLE-3 draft (random start) trained for a few steps by the installed ModelOpt (0.37 in
     .venv-trtllm11, 0.47 in .venv) on a random Llama target, then exported the way the draft stage does."""
-    from draft_fixtures import write_target
+    from draft_fixtures import random_eagle3, write_target
 
     from trtbuild.eagle3.export import export_draft
-    from trtbuild.eagle3.format import default_aux_layers
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.eagle3.train import TrainPlan, train
-    from trtbuild.eagle3.vocab import d2t_table
     from trtbuild.progress import Progress
 
     root = tmp_path_factory.mktemp("draft11")
     target_dir = write_target(root / "target", num_hidden_layers=4)
-    chosen = sorted(torch.randperm(384, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB].tolist())
-    model = convert_to_eagle3(load_target(target_dir),
-                              DraftArch(aux_layers=default_aux_layers(4), draft_vocab_size=DRAFT_VOCAB),
-                              d2t_table(chosen))
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():  # norms far from 1, so a doubled first-layer norm would show in the drafts
-        for name, param in model.eagle_module.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1 + 0.5 * noise if "norm" in name else 0.3 * noise)
+    model, _ = random_eagle3(target_dir, 4, DRAFT_VOCAB)
     before = {k: v.clone() for k, v in model.eagle_module.state_dict().items()}
     pool = torch.randint(3, 384, (16, 32), generator=torch.Generator().manual_seed(0))
     result = train(model, pool, TrainPlan(steps=4, batch_size=4, lr=3e-3, seed=0, warmup_steps=1),
