@@ -30,16 +30,22 @@ LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "h
                 "original_max_position_embeddings": 8192}
 
 
+def _llama31_rope() -> dict:
+    """LlamaConfig keyword arguments for Llama 3.1 RoPE in the installed transformers (4.57 or 5)."""
+    import transformers
+
+    if transformers.__version__.startswith("4."):
+        return {"rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE)}
+    return {"rope_parameters": {"rope_theta": 500000.0, **LLAMA31_ROPE}}
+
+
 def _tiny_llama() -> torch.nn.Module:
     import transformers
 
     kwargs = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                   num_hidden_layers=2, vocab_size=256, max_position_embeddings=1024, tie_word_embeddings=False,
                   architectures=["LlamaForCausalLM"])
-    if transformers.__version__.startswith("4."):
-        config = transformers.LlamaConfig(rope_theta=500000.0, rope_scaling=dict(LLAMA31_ROPE), **kwargs)
-    else:
-        config = transformers.LlamaConfig(rope_parameters={"rope_theta": 500000.0, **LLAMA31_ROPE}, **kwargs)
+    config = transformers.LlamaConfig(**_llama31_rope(), **kwargs)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     model.eval()
@@ -133,7 +139,8 @@ DRAFT_VOCAB = 256  # < the target's 384: the export carries d2t and the draft's 
 @pytest.fixture(scope="module")
 def trained_draft(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A tiny EAGLE-3 draft (random start) trained for a few steps by the installed ModelOpt (0.37 in
-    .venv-trtllm11, 0.47 in .venv) on a random Llama target, then exported the way the draft stage does."""
+    .venv-trtllm11, 0.47 in .venv) on a random Llama target with Llama 3.1 RoPE, then exported the way
+    the draft stage does."""
     from draft_fixtures import random_eagle3, write_target
 
     from trtbuild.eagle3.export import export_draft
@@ -141,7 +148,7 @@ def trained_draft(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     from trtbuild.progress import Progress
 
     root = tmp_path_factory.mktemp("draft11")
-    target_dir = write_target(root / "target", num_hidden_layers=4)
+    target_dir = write_target(root / "target", num_hidden_layers=4, **_llama31_rope())
     model, _ = random_eagle3(target_dir, 4, DRAFT_VOCAB)
     before = {k: v.clone() for k, v in model.eagle_module.state_dict().items()}
     pool = torch.randint(3, 384, (16, 32), generator=torch.Generator().manual_seed(0))
@@ -200,8 +207,14 @@ def test_trained_draft_is_the_format_trtllm_11_reads(trained_draft) -> None:  # 
     assert set(config["eagle_config"]) == set(DRAFT_CONFIG_TEMPLATE["eagle_config"])
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == default_aux_layers(4)
     assert config["draft_vocab_size"] == DRAFT_VOCAB and config["vocab_size"] == target["vocab_size"]
-    theta = target.get("rope_theta") or target["rope_parameters"]["rope_theta"]  # transformers 4 / 5 target
-    assert config["rope_theta"] == theta and config["rope_scaling"] is None
+    rope = target.get("rope_parameters") or {**target["rope_scaling"], "rope_theta": target["rope_theta"]}
+    assert config["rope_theta"] == rope["rope_theta"] == 500000.0  # top level, what transformers 4.57 reads
+    assert config["rope_scaling"] == {k: v for k, v in rope.items() if k != "rope_theta"}
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "rms_norm_eps", "max_position_embeddings", "bos_token_id", "eos_token_id"):
+        assert config[key] == target[key], key
+    assert config["num_hidden_layers"] == 1 and config["torch_dtype"] == "float32"
+    assert config["eagle_config"]["use_aux_hidden_state"] and config["eagle_config"]["use_last_layernorm"]
     assert check_draft_dir(draft_dir, contract) == []
     assert {p.name for p in draft_dir.iterdir()} >= {"tokenizer.json", "tokenizer_config.json"}
 
