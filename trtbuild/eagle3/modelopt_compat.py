@@ -5,7 +5,8 @@ computation; the release is told apart by its features, not its version string.
 
 Facts read from the installed 0.37.0 package (modelopt/torch/...):
 - speculative/config.py `EagleConfig`: no `eagle_ttt_steps`, `eagle_use_torch_compile`,
-  `eagle_export_rope_scaling`, `eagle_decoder_type` (extra keys are rejected, so they are dropped).
+  `eagle_export_rope_scaling`, `eagle_decoder_type`; opt/config.py `ModeloptBaseConfig` forbids extra
+  keys (pydantic `extra="forbid"`), so `mode_config` drops them.
 - speculative/plugins/transformers.py `HFEagleModel.forward`: always unrolls 4 draft passes
   (training-time test), returns `train_acc` as a flat tuple of 4 floats and sums the 4 losses
   unweighted (`eagle_loss_decay_factor` is stored by `modify` but never read). `modify` raises unless
