@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 VOCAB = 384
 
 
@@ -64,3 +66,49 @@ def write_target_config(directory: Path, **overrides: Any) -> Path:
     (directory / "config.json").write_text(json.dumps(llama_config(**overrides).to_dict()))
     write_tokenizer(directory)
     return directory
+
+
+def random_eagle3(target_dir: Path, num_layers: int, draft_vocab: int) -> tuple[Any, list[int]]:
+    """The target converted by ModelOpt (the draft stage's conversion) with a draft vocabulary of
+    `draft_vocab` random tokens and random draft weights, norms far from 1 (so a doubled first-layer
+    norm would show in the drafts). Returns (model, the draft vocabulary's target ids)."""
+    from trtbuild.eagle3.format import default_aux_layers
+    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.eagle3.vocab import d2t_table
+
+    chosen = sorted(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))[:draft_vocab].tolist())
+    model = convert_to_eagle3(load_target(target_dir),
+                              DraftArch(aux_layers=default_aux_layers(num_layers), draft_vocab_size=draft_vocab),
+                              d2t_table(chosen))
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in model.eagle_module.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1 + 0.5 * noise if "norm" in name else 0.3 * noise)
+    return model, chosen
+
+
+# Reference drafting with trtbuild's runtime (compared against ModelOpt's own pseudo_speculative_generate).
+def base_token(target, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return target.logits(ids)[:, -1:].argmax(-1)
+
+
+@torch.inference_mode()
+def runtime_chain(target, draft, ids: torch.Tensor, steps: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Chain drafting with the runtime's building blocks: aux states of the prompt -> fc -> draft steps."""
+    t = ids.shape[1]
+    cache = target.new_cache(1, t)
+    logits, aux = target.forward(ids, cache, 0, aux_layers=draft.aux_layers)
+    base = logits[:, -1:].argmax(-1)
+    next_ids = torch.cat([ids[:, 1:], base], 1)
+    dcache = draft.new_cache(1, t + steps)
+    hidden, out = draft.project(aux), None
+    tokens = []
+    start = 0
+    for _ in range(steps):
+        out, draft_logits = draft.forward(hidden, next_ids, dcache, start)
+        token = draft.to_target[draft_logits[:, -1].argmax(-1)][:, None]
+        tokens.append(token)
+        start += hidden.shape[1]
+        hidden, next_ids = out[:, -1:], token
+    return torch.cat(tokens, 1)

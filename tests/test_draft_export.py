@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from draft_fixtures import write_target
+from draft_fixtures import base_token, random_eagle3, runtime_chain, write_target
 
 from trtbuild.eagle3.format import default_aux_layers
 from trtbuild.errors import UserError
@@ -30,20 +30,10 @@ DRAFT_VOCAB = 256
 def converted(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A random target, converted by ModelOpt, draft weights randomised (norms far from 1), exported."""
     from trtbuild.eagle3.export import export_draft
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
-    from trtbuild.eagle3.vocab import d2t_table
 
     root = tmp_path_factory.mktemp("export")
     target_dir = write_target(root / "target", num_hidden_layers=6)
-    chosen = sorted(torch.randperm(384, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB].tolist())
-    model = convert_to_eagle3(load_target(target_dir),
-                              DraftArch(aux_layers=default_aux_layers(6), draft_vocab_size=DRAFT_VOCAB),
-                              d2t_table(chosen))
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, param in model.eagle_module.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1 + 0.5 * noise if "norm" in name else 0.3 * noise)
+    model, chosen = random_eagle3(target_dir, 6, DRAFT_VOCAB)
     model.eval()
     export_draft(model, root / "draft", target_dir=target_dir, dtype="float32")
     return model, target_dir, root / "draft", chosen
@@ -75,6 +65,19 @@ def test_names_and_keys_follow_the_reference(converted) -> None:  # type: ignore
     assert list(head.shape) == [DRAFT_VOCAB, 64]
 
 
+def test_config_is_modelopt_template(converted) -> None:  # type: ignore[no-untyped-def]
+    """The draft config.json has exactly the keys of ModelOpt 0.47's llama EAGLE template, which
+    trtbuild keeps a copy of for ModelOpt 0.37 (no speculative export there): the copy stays equal."""
+    from modelopt.torch.export.plugins.hf_spec_configs import llama_eagle_template_config
+
+    from trtbuild.eagle3.modelopt_compat import DRAFT_CONFIG_TEMPLATE
+
+    assert llama_eagle_template_config == DRAFT_CONFIG_TEMPLATE
+    config = json.loads((converted[2] / "config.json").read_text())
+    assert set(config) == set(DRAFT_CONFIG_TEMPLATE)
+    assert set(config["eagle_config"]) == set(DRAFT_CONFIG_TEMPLATE["eagle_config"])
+
+
 def test_runtime_drafts_what_modelopt_drafts(converted) -> None:  # type: ignore[no-untyped-def]
     from trtbuild.runtime.draft import load_draft
     from trtbuild.runtime.target import load_target
@@ -86,36 +89,11 @@ def test_runtime_drafts_what_modelopt_drafts(converted) -> None:  # type: ignore
     expected = [model.pseudo_speculative_generate(p[None], steps=steps) for p in prompts]
     for norm, should_match in (("standard", True), ("modelopt", False)):
         draft = load_draft(draft_dir, target, first_norm=norm)
-        got = [_runtime_chain(target, draft, p[None], steps) for p in prompts]
+        got = [runtime_chain(target, draft, p[None], steps) for p in prompts]
         matches = [torch.equal(e[1], g) for e, g in zip(expected, got, strict=True)]
-        bases = [_base_token(target, p[None]) for p in prompts]
+        bases = [base_token(target, p[None]) for p in prompts]
         assert all(torch.equal(e[0], b) for e, b in zip(expected, bases, strict=True))
         assert all(matches) if should_match else not all(matches), (norm, matches)
-
-
-def _base_token(target, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    return target.logits(ids)[:, -1:].argmax(-1)
-
-
-@torch.inference_mode()
-def _runtime_chain(target, draft, ids: torch.Tensor, steps: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """Chain drafting with the runtime's building blocks: aux states of the prompt -> fc -> draft steps."""
-    t = ids.shape[1]
-    cache = target.new_cache(1, t)
-    logits, aux = target.forward(ids, cache, 0, aux_layers=draft.aux_layers)
-    base = logits[:, -1:].argmax(-1)
-    next_ids = torch.cat([ids[:, 1:], base], 1)
-    dcache = draft.new_cache(1, t + steps)
-    hidden, out = draft.project(aux), None
-    tokens = []
-    start = 0
-    for _ in range(steps):
-        out, draft_logits = draft.forward(hidden, next_ids, dcache, start)
-        token = draft.to_target[draft_logits[:, -1].argmax(-1)][:, None]
-        tokens.append(token)
-        start += hidden.shape[1]
-        hidden, next_ids = out[:, -1:], token
-    return torch.cat(tokens, 1)
 
 
 def test_runtime_refuses_a_draft_for_another_target(converted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

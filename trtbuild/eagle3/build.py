@@ -70,6 +70,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     from trtbuild.eagle3.data import DataPlan, build_pool
     from trtbuild.eagle3.export import export_draft
     from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.eagle3.modelopt_compat import effective_ttt_steps, ignored_settings
     from trtbuild.eagle3.train import TrainPlan, train
     from trtbuild.eagle3.vocab import calibrate_d2t
 
@@ -107,6 +108,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
                      intermediate_size=config.intermediate_size, ttt_steps=config.ttt_steps,
                      loss_decay=config.loss_decay)
     model = convert_to_eagle3(target, arch, d2t)
+    for note in ignored_settings(config.ttt_steps, config.loss_decay):
+        ctx.progress.log(f"draft: {note} (the TensorRT-LLM 1.1 container's release)")
     plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.seed,
                      warmup_steps=min(10, max(1, config.total_steps() // 10)),
                      checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len)
@@ -128,5 +131,5 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     }
     info = {"resumed_from_step": result.resumed_from, "export": exported,
             "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)",
-            "aux_layers": aux_layers}
+            "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps)}
     return {"metrics": metrics, "info": info}

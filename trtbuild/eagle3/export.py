@@ -1,8 +1,9 @@
-"""Export the trained draft with ModelOpt (`export_speculative_decoding`) and normalise the result.
+"""Export the trained draft with ModelOpt and normalise the result.
 
-ModelOpt writes config.json (its LlamaForCausalLMEagle3 template) and model.safetensors
-(`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`). We then (a) name the decoder layer the way the
-TensorRT-LLM release loads it (`midlayer.*`: 1.1's Eagle3DraftModel does not remap `layers.0.*`;
+ModelOpt 0.47's `export_speculative_decoding` writes config.json (its LlamaForCausalLMEagle3
+template) and model.safetensors (`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`); under 0.37, which has
+no such export, `modelopt_compat.export_raw` yields the same from the module. We then (a) name the
+decoder layer the way the TensorRT-LLM release loads it (`midlayer.*`: 1.1's Eagle3DraftModel does not remap `layers.0.*`;
 contract: eagle3_draft.layer_prefix), (b) cast the float tensors to the export dtype (ModelOpt
 casts only quantized models), (c) fill `transformers_version` and `torch_dtype`, (d) write RoPE as
 top-level `rope_theta` / `rope_scaling` (what transformers 4.57 reads; `rope_scaling: null` for plain
@@ -45,16 +46,15 @@ def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: st
         from trtbuild.contract import load_contract
 
         layer_prefix = load_contract().draft_layer_prefix
-    from modelopt.torch.export import export_speculative_decoding
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
+
+    from trtbuild.eagle3.modelopt_compat import export_raw
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=False)
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as raw, torch.inference_mode():
         model.eval()
-        export_speculative_decoding(model, export_dir=raw)
-        tensors = load_file(str(Path(raw) / "model.safetensors"))
-        config = json.loads((Path(raw) / "config.json").read_text())
+        tensors, config = export_raw(model, Path(raw))
 
     target_dtype = _DTYPES[dtype]
     tensors = {name: (t.to(target_dtype) if t.is_floating_point() else t.to(torch.int64)).contiguous()

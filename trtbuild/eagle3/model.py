@@ -4,11 +4,9 @@ The draft copies the target's attention geometry (heads, KV heads, head_dim), Ro
 so TRT-LLM can keep its KV in the target's cache, and starts from the target's final norm and the
 target's lm_head rows of the draft vocabulary (a much better start than random for a small budget).
 
-ModelOpt 0.47 + transformers 5: the HF EAGLE-3 module normalises the first layer's hidden input
-twice (the decoder layer's `input_layernorm`, then `hidden_norm` in ModelOpt's attention pre-hook),
-while TRT-LLM's `Eagle3DecoderLayer` and the EAGLE-3 reference compute
-`cat(input_layernorm(embeds), hidden_norm(hidden))`. `_match_trtllm_first_layer` replaces the hook
-so training computes what TRT-LLM (and our runtime) will run; the weights keep ModelOpt's names.
+Training computes what TRT-LLM's `Eagle3DecoderLayer` runs, `cat(input_layernorm(embeds),
+hidden_norm(hidden))`, with either ModelOpt release (0.47 needs its first-layer hook replaced, 0.37
+already computes it): what differs between the releases lives in `modelopt_compat`.
 """
 
 from __future__ import annotations
@@ -20,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from trtbuild.eagle3 import modelopt_compat
 
 
 @dataclass
@@ -73,6 +73,10 @@ def eagle_mode_config(target: nn.Module, arch: DraftArch) -> dict[str, Any]:
         "bos_token_id": text.bos_token_id,
         "eos_token_id": text.eos_token_id,
         "pad_token_id": getattr(text, "pad_token_id", None),
+        # 0.47 copies these three from the target itself; 0.37 needs them here
+        "hidden_size": text.hidden_size,
+        "vocab_size": text.vocab_size,
+        "max_position_embeddings": text.max_position_embeddings,
     })
     config.update({
         "eagle_ttt_steps": arch.ttt_steps,
@@ -82,29 +86,7 @@ def eagle_mode_config(target: nn.Module, arch: DraftArch) -> dict[str, Any]:
         "eagle_freeze_base_model": True,
         "eagle_self_logit_distillation": True,
     })
-    return config
-
-
-def _match_trtllm_first_layer(eagle_module: nn.Module) -> None:
-    """First layer input = cat(input_layernorm(embeds), hidden_norm(raw hidden)), as in TRT-LLM."""
-    layer = eagle_module.layers[0]
-    attention = layer.self_attn
-    attention._forward_pre_hooks.clear()  # ModelOpt's concat hook (the only one registered there)
-    attention._forward_pre_hooks_with_kwargs.clear()
-
-    def stash_raw_hidden(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        eagle_module._raw_hidden = args[0] if args else kwargs["hidden_states"]
-
-    def concat(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        embeds = layer.input_layernorm(eagle_module._input_embeds)
-        hidden = layer.hidden_norm(eagle_module._raw_hidden)
-        eagle_module._input_embeds = None
-        eagle_module._raw_hidden = None
-        kwargs["hidden_states"] = torch.cat((embeds, hidden), dim=-1)
-        return args, kwargs
-
-    layer.register_forward_pre_hook(stash_raw_hidden, with_kwargs=True)
-    attention.register_forward_pre_hook(concat, with_kwargs=True)
+    return modelopt_compat.mode_config(config)
 
 
 def convert_to_eagle3(target: nn.Module, arch: DraftArch, d2t: torch.Tensor | None) -> nn.Module:
@@ -113,16 +95,17 @@ def convert_to_eagle3(target: nn.Module, arch: DraftArch, d2t: torch.Tensor | No
 
     mtsp.convert(target, [("eagle", eagle_mode_config(target, arch))])
     module = target.eagle_module
-    _match_trtllm_first_layer(module)
+    modelopt_compat.match_trtllm_first_layer(module)
+    head = modelopt_compat.draft_head(module)
     with torch.no_grad():
         lm_head = target.get_output_embeddings().weight
         if hasattr(module, "d2t"):
             assert d2t is not None and d2t.shape == module.d2t.shape
             module.d2t.copy_(d2t)
             rows = torch.arange(len(d2t)) + d2t
-            module.lm_head.weight.copy_(lm_head[rows])
-        elif hasattr(module, "lm_head"):
-            module.lm_head.weight.copy_(lm_head)
+            head.weight.copy_(lm_head[rows])
+        elif head is not None:
+            head.weight.copy_(lm_head)
         final_norm = getattr(target.get_decoder(), "norm", None)
         if hasattr(module, "norm") and final_norm is not None:
             module.norm.weight.copy_(final_norm.weight)

@@ -1,8 +1,8 @@
 """The EAGLE-3 training loop (online: the frozen target runs in every step) with resumable checkpoints.
 
 ModelOpt's `HFEagleModel.forward` computes the target's hidden states and logits, unrolls the
-draft `eagle_ttt_steps` times (training-time test) and returns the distillation loss and the
-per-step top-1 agreement with the target. A checkpoint (draft weights, optimizer, step, loss
+draft `eagle_ttt_steps` times (training-time test; 4 fixed passes under ModelOpt 0.37) and returns
+the distillation loss and the per-step top-1 agreement with the target. A checkpoint (draft weights, optimizer, step, loss
 history) is written atomically to the resume dir every `checkpoint_every` steps, so a killed run
 continues where it stopped; the batch order is a pure function of the seed. The checkpoint is
 tensors in safetensors and the rest in JSON, never a pickle: the resume dir lies in the cache, and a
@@ -23,6 +23,7 @@ from torch import nn
 
 from trtbuild.cache import sha256_file
 from trtbuild.eagle3.model import draft_parameters
+from trtbuild.eagle3.modelopt_compat import step_accuracy
 from trtbuild.progress import Progress
 
 STATE_TENSORS = "state.safetensors"
@@ -164,7 +165,7 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            accuracy = [float(a) for a in out.train_acc[0]]
+            accuracy = step_accuracy(out.train_acc)
             smoothed = accuracy if not smoothed else [0.9 * s + 0.1 * a for s, a in zip(smoothed, accuracy,
                                                                                          strict=True)]
             loss = out.loss.item()

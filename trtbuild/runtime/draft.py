@@ -18,7 +18,8 @@ The step, as ModelOpt trains it (plugins/modeling_eagle.py + LlamaDecoderLayer):
 ModelOpt's decoder layer applies input_layernorm to h before its pre-attention hook adds
 hidden_norm, so drafts trained with unmodified ModelOpt expect the doubled norm. `first_norm=
 "standard"` (default) computes the TRT-LLM form, which is what TRT-LLM will run and what the
-draft stage trains (trtbuild.eagle3.model patches the hook); `"modelopt"` reproduces stock ModelOpt.
+draft stage trains (trtbuild.eagle3.modelopt_compat patches 0.47's hook; ModelOpt 0.37's module
+already computes this form); `"modelopt"` reproduces stock ModelOpt 0.47.
 """
 
 from __future__ import annotations
