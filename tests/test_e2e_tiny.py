@@ -18,6 +18,7 @@ import pytest
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
+RATIO_FLOOR = 1.15  # tau(EAGLE-3) / tau(n-gram) at the bench's draft length; set from the seed spread
 
 
 def _trtbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -48,7 +49,12 @@ def test_every_stage_builds_and_meets_its_gates(built):
     assert model["heldout_perplexity"] < vocab / 4  # far from a uniform guess over the vocabulary
     assert quantize["perplexity_ratio"] <= 1.02
     assert quantize["perplexity_ratio"] == pytest.approx(quantize["perplexity_quantized"] / quantize["perplexity_base"])
-    assert draft["acceptance_length"] >= 3.0
+    # The build passed the recipe's own gate; the gate sits below the spread over target and draft
+    # seeds (bench/RESULTS.md), so this holds on any CPU, not only on the one that set it.
+    import yaml
+
+    gate = yaml.safe_load(RECIPE.read_text())["draft"]["gate"]["min_acceptance_length"]
+    assert draft["acceptance_length"] >= gate
     quant_config = json.loads((out / "quantize" / "hf" / "hf_quant_config.json").read_text())
     assert quant_config["quantization"]["quant_algo"] == "FP8"
     assert (out / "engine" / "bundle" / "llm_api_options.yaml").is_file()
@@ -94,7 +100,9 @@ def test_bench_is_lossless_and_the_server_answers_like_the_runtime(built):
     assert proc.returncode == 0, proc.stderr[-2000:]
     bench = json.loads(proc.stdout)
     assert bench["outputs_identical"] is True
-    assert bench["speculative"]["acceptance_length"] > 1.0
+    # EAGLE-3 must beat the training-free baseline on the same prompts: over 3 target x 3 draft
+    # seeds the ratio stayed >= RATIO_FLOOR + a margin (bench/RESULTS.md, "seed spread").
+    assert bench["tau_ratio_eagle3_vs_ngram"] >= RATIO_FLOOR, bench["tau_ratio_eagle3_vs_ngram"]
     assert (out / "bench" / "bench.png").is_file()
 
     from trtbuild.triton.commands import demo
