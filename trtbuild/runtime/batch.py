@@ -258,18 +258,7 @@ class BatchDecoder:
 
     def _emit(self, seq: Sequence, new: list[int]) -> list[int]:
         """Cuts `new` at EOS / the token budget and records it (as `Decoding._emit`)."""
-        room = seq.max_new - seq.stats.new_tokens
-        done = len(new) >= room
-        new = new[:room]
-        for j, tok in enumerate(new):
-            if tok in seq.eos:
-                new, done = new[: j + 1], True
-                break
-        now = time.perf_counter()
-        if seq.stats.new_tokens == 0:
-            seq.stats.ttft_s = now - seq.t0
-        seq.stats.new_tokens += len(new)
-        seq.stats.total_s = now - seq.t0
+        new, done = seq.stats.record(new, seq.max_new, seq.eos, seq.t0)
         seq.emitted.extend(new)
         seq.done = done
         return new

@@ -121,12 +121,7 @@ def draft_rows(draft: DraftModel, hidden: torch.Tensor, next_ids: torch.Tensor, 
     x = hidden
     for i, layer in enumerate(draft.layers):
         block = layer.block
-        if layer.hidden_norm is not None:
-            emb = rms_norm(F.embedding(next_ids, draft.embed), block.input_norm, eps)
-            hid = rms_norm(x, block.input_norm, eps) if draft.first_norm == "modelopt" else x
-            attn_in = torch.cat([emb, rms_norm(hid, layer.hidden_norm, eps)], -1)
-        else:
-            attn_in = rms_norm(x, block.input_norm, eps)
+        attn_in = draft.attention_input(layer, x, next_ids)
         x = x + attention_rows(block, attn_in, spec, kv[i, 0], kv[i, 1], layout, rot, mask)
         x = x + mlp_block(block, rms_norm(x, block.post_norm, eps))
     out = _last_rows(x, last)

@@ -128,6 +128,17 @@ class DraftModel:
         """fc over the concatenated aux hidden states: the draft's input for real positions."""
         return self.fc(aux.to(self.dtype))
 
+    def attention_input(self, layer: DraftLayer, x: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """A layer's attention input; the first layer's is cat(norm(embedding of the next tokens),
+        hidden_norm(x)) (with ModelOpt's extra input norm on x for `first_norm="modelopt"`)."""
+        eps = self.spec.rms_norm_eps
+        norm = layer.block.input_norm
+        if layer.hidden_norm is None:
+            return rms_norm(x, norm, eps)
+        emb = rms_norm(F.embedding(next_ids, self.embed), norm, eps)
+        hid = rms_norm(x, norm, eps) if self.first_norm == "modelopt" else x
+        return torch.cat([emb, rms_norm(hid, layer.hidden_norm, eps)], -1)
+
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, cache: KVCache, start: int, *,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 logits_rows: slice | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,12 +152,7 @@ class DraftModel:
         x = hidden
         for i, layer in enumerate(self.layers):
             block = layer.block
-            if layer.hidden_norm is not None:
-                emb = rms_norm(F.embedding(next_ids, self.embed), block.input_norm, eps)
-                hid = rms_norm(x, block.input_norm, eps) if self.first_norm == "modelopt" else x
-                attn_in = torch.cat([emb, rms_norm(hid, layer.hidden_norm, eps)], -1)
-            else:
-                attn_in = rms_norm(x, block.input_norm, eps)
+            attn_in = self.attention_input(layer, x, next_ids)
             x = x + attention_block(block, attn_in, self.spec, cache, i, start, rot, mask)
             x = x + mlp_block(block, rms_norm(x, block.post_norm, eps))
         out = x if logits_rows is None else x[:, logits_rows]

@@ -106,19 +106,7 @@ class Decoding:
 
     def _emit(self, new: list[int], t0: float) -> tuple[list[int], bool]:
         """Cuts `new` at EOS / the token budget, records it; returns (tokens, finished)."""
-        room = self.max_new - self.stats.new_tokens
-        done = len(new) >= room
-        new = new[:room]
-        for j, tok in enumerate(new):
-            if tok in self.eos:
-                new, done = new[: j + 1], True
-                break
-        now = time.perf_counter()
-        if self.stats.new_tokens == 0:
-            self.stats.ttft_s = now - t0
-        self.stats.new_tokens += len(new)
-        self.stats.total_s = now - t0
-        return new, done
+        return self.stats.record(new, self.max_new, self.eos, t0)
 
     # -- plain decoding -------------------------------------------------------------------
 

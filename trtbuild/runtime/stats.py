@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,23 @@ class DecodeStats:
     draft_s: float = 0.0  # wall time inside draft forwards and tree building
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per decode step
     off_chain: int = 0  # steps whose accepted path left the tree's first branch (K/V rows moved)
+
+    def record(self, new: list[int], max_new: int, eos: Set[int], t0: float) -> tuple[list[int], bool]:
+        """Cuts `new` at the first EOS / the token budget and counts it; returns (tokens, finished).
+        One place for every decoding loop (single-stream and batched), so they stop alike."""
+        room = max_new - self.new_tokens
+        done = len(new) >= room
+        new = new[:room]
+        for j, tok in enumerate(new):
+            if tok in eos:
+                new, done = new[: j + 1], True
+                break
+        now = time.perf_counter()
+        if self.new_tokens == 0:
+            self.ttft_s = now - t0
+        self.new_tokens += len(new)
+        self.total_s = now - t0
+        return new, done
 
     @property
     def decode_s(self) -> float:
