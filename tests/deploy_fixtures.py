@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +105,26 @@ def build_deploy(base: Path, engine_dir: Path, recipe: Any, name: str = "deploy"
     ctx = StageContext(recipe, {"engine": Artifact("engine", "k-engine", engine_dir)}, out, Progress())
     result = DeployStage().run(recipe.deploy, ctx)
     return out, result
+
+
+def start_logged(cmd: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """A server process in its own session (so a test can kill its whole group) whose output lines
+    a thread appends to the returned list as they come."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    return proc, lines
+
+
+def wait_for_line(proc: subprocess.Popen[str], lines: list[str], text: str, timeout_s: float = 300) -> str:
+    """The first output line containing `text`; fails with the whole log if the process exits or
+    the time runs out first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [line for line in lines if text in line]
+        if found:
+            return found[0]
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, f"{text!r} not seen: " + "".join(lines)
+        time.sleep(0.2)

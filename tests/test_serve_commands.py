@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
+from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
 from trtbuild.triton.commands import bench_deployment, default_prompts
 from trtbuild.triton.server import group_members
@@ -29,14 +26,8 @@ def test_serve_and_bench_a_deployment(tmp_path: Path) -> None:
     engine = build_engine(tmp_path, sources, recipe)
     deploy, _ = build_deploy(tmp_path, engine, recipe)
 
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(deploy)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + 300
-    while not any("model    tiny" in line for line in lines):
-        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.2)
+    proc, lines = start_logged([sys.executable, "-c", SERVE, str(deploy)])
+    wait_for_line(proc, lines, "model    tiny")
     text = "".join(lines)
     http = re.search(r"HTTP\s+http://(127\.0\.0\.1:\d+)", text).group(1)
     server_pid = int(re.search(r"ready \(pid (\d+)\)", text).group(1))

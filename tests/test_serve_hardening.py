@@ -10,16 +10,14 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
+from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, write_sources
 
 from trtbuild.triton.server import free_port, group_members
 
@@ -36,10 +34,7 @@ class Served:
                "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]),
                "--metrics-port", str(self.ports[2]), "--exit-timeout", str(exit_timeout)]
         self.shm_before = set(os.listdir("/dev/shm"))
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.log: list[str] = []
-        threading.Thread(target=lambda: self.log.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
+        self.proc, self.log = start_logged(cmd)
         self.wait_for("ready (pid")
 
     def wait_for(self, text: str, after: int = 0, timeout_s: float = 300) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import requests
-from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
+from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
 from trtbuild.triton import client
 from trtbuild.triton.server import free_port, group_members
@@ -73,16 +73,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     cmd = [sys.executable, "-m", "trtbuild.triton.server", str(deploy / "repo_local"),
            str(sync_deploy / "repo_local"), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
            "--metrics-port", str(ports[2]), "--exit-timeout", "60"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 300
-    while not any("ready (pid" in line for line in log):
-        assert proc.poll() is None, "".join(log)
-        assert time.monotonic() < deadline, "server not ready: " + "".join(log)
-        time.sleep(0.2)
+    proc, log = start_logged(cmd)
+    wait_for_line(proc, log, "ready (pid")
     server = Served(proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", deploy, engine / "bundle", log)
     yield server
     if proc.poll() is None:

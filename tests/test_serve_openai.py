@@ -21,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 import requests
-from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
+from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
 from trtbuild.openai_api.text import FALLBACK_CHAT_TEMPLATE
 from trtbuild.triton.server import group_members
@@ -49,14 +49,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     recipe = make_recipe(base, deploy={"target": "local", "local": {"num_threads": 1}})
     engine = build_engine(base, write_sources(base / "sources"), recipe)
     deploy, _ = build_deploy(base, engine, recipe)
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(deploy)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + 300
-    while not any("OpenAI " in line for line in lines):
-        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.2)
+    proc, lines = start_logged([sys.executable, "-c", SERVE, str(deploy)])
+    wait_for_line(proc, lines, "OpenAI ")
     server = Served(proc, lines, engine / "bundle")
     yield server
     if proc.poll() is None:
