@@ -193,8 +193,9 @@ def build_options(config: EngineConfig, recipe: Any, facts: ModelFacts | None,
         values["enable_min_latency"] = True
     if not config.enable_autotuner:
         values["enable_autotuner"] = False
-    if ngram_config(recipe) is not None:  # prompt lookup: no draft model
-        values["speculative_config"] = ngram_config(recipe, draft_len(config, recipe))
+    ngram = ngram_config(recipe, draft_len(config, recipe))
+    if ngram is not None:  # prompt lookup: no draft model
+        values["speculative_config"] = ngram
     elif with_draft:
         spec = SpeculativeConfig(decoding_type=contract.eagle3_decoding_type,
                                  max_draft_len=draft_len(config, recipe) or 1,
@@ -219,7 +220,7 @@ def ngram_config(recipe: Any, max_draft_len: int | None = None) -> SpeculativeCo
     if draft is None or getattr(draft, "source", None) != "ngram":
         return None
     return SpeculativeConfig(decoding_type="NGram", max_draft_len=max_draft_len or draft.max_draft_len,
-                               max_matching_ngram_size=draft.max_matching_ngram_size, is_public_pool=False)
+                             max_matching_ngram_size=draft.max_matching_ngram_size, is_public_pool=False)
 
 
 def with_absolute_paths(options: LlmApiOptions, bundle: Path) -> dict[str, Any]:

@@ -76,8 +76,9 @@ class SpeculativeConfig(BaseModel):
     max_total_draft_tokens: int | None = Field(default=None, ge=1, description="Tree drafting: draft "
                                                "tokens per step over all branches.")
     greedy_sampling: bool | None = Field(default=None, description="Top-1 acceptance (token equality).")
-    # NGram (prompt lookup, no draft model): tensorrt_llm/llmapi/llm_args.py NGramDecodingConfig of the 1.1
-    # line; max_matching_ngram_size defaults to 0 in 1.1 and 2 later, so trtbuild always writes it.
+    # NGram (prompt lookup, no draft model): the fields each release accepts, and which it requires, are
+    # in its contract (speculative.decoding_types.NGram, with the upstream source); conformance checks
+    # the written file against it. max_matching_ngram_size is required there, so trtbuild always writes it.
     max_matching_ngram_size: int | None = Field(default=None, ge=1, description="NGram: longest suffix "
                                                 "of the context looked up.")
     is_keep_all: bool | None = Field(default=None, description="NGram: keep every continuation of a "
