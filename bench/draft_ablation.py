@@ -25,10 +25,9 @@ def main(argv: list[str]) -> None:
     import torch
 
     from trtbuild.eagle3.build import train_draft
+    from trtbuild.eagle3.evaluate import measure_tau
     from trtbuild.progress import Progress
-    from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
     from trtbuild.runtime.bench import load_prompts
-    from trtbuild.runtime.stats import acceptance_rates
     from trtbuild.stages.draft import DraftConfig
 
     target, out = Path(argv[0]), Path(argv[1])
@@ -56,18 +55,13 @@ def main(argv: list[str]) -> None:
     result = train_draft(config, _Context(), target, out / "eagle3", out.with_name(out.name + ".resume"))
     row: dict[str, Any] = {"overrides": overrides, "seconds": round(time.perf_counter() - started, 1),
                            "train_step_accuracy": result["metrics"]["train_step_accuracy"]}
-    model = load_target(target)
-    generator = Generator(model, load_draft(out / "eagle3", model))
     prompts = load_prompts("pydoc-heldout", target, 8, 64)
     for depth in (3, 5):
-        for method, tag in (("eagle3", "e"), ("ngram", "n")):
-            accepted: list[int] = []
-            spec = SpecParams(max_draft_len=depth, method=method, max_matching_ngram_size=2)
-            for prompt in prompts:
-                accepted += generator.generate(prompt, 128, spec=spec, eos_token_ids=[]).stats.accepted
-            row[f"{tag}tau{depth}"] = round(1 + sum(accepted) / len(accepted), 3)
-            if method == "eagle3":
-                row[f"rates{depth}"] = [round(r, 3) for r in acceptance_rates(accepted, depth)]
+        for draft_dir, tag in ((out / "eagle3", "e"), (None, "n")):  # None: n-gram prompt lookup
+            tau = measure_tau(target, draft_dir, prompts, 128, depth, max_matching_ngram_size=2)
+            row[f"{tag}tau{depth}"] = round(tau["acceptance_length"], 3)
+            if draft_dir is not None:
+                row[f"rates{depth}"] = [round(r, 3) for r in tau["acceptance_rates"]]
     print(json.dumps(row))
 
 
