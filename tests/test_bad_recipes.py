@@ -249,6 +249,8 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     ("deploy-batch-over-engine", R("deploy:\n  max_batch_size: 64 #!\n", ENGINE), [], "exceeds engine.max_batch_size"),
     ("deploy-ports-equal", R("deploy: #!\n  http_port: 9000\n  grpc_port: 9000\n", ENGINE), [], "must differ"),
     ("deploy-tokenizer-missing", R("deploy:\n  tokenizer:\n    path: tok #!\n", ENGINE), [], "not a directory"),
+    ("deploy-schedule-and-max-batch", R("deploy:\n  local: #!\n    speculative_max_batch: 2\n"
+                                        '    draft_len_schedule: {"4": 3}\n', ENGINE), [], "mutually exclusive"),
     ("deploy-default-over-limit", R("deploy:\n  local:\n    default_max_tokens: 2000 #!\n", ENGINE), [],
      "exceeds deploy.local.max_tokens_limit"),
     *[(f"deploy-trtllm-{field}-{value[:12]}", R(f"deploy:\n  trtllm:\n    {field}: {value} #!\n", ENGINE), [], field)
@@ -257,7 +259,9 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
                            ("cancellation_check_period_ms", "0")]],
     *[(f"deploy-local-{field}-{value}", R(f"deploy:\n  local:\n    {field}: {value} #!\n", ENGINE), [], field)
       for field, value in [("speculation", "forest"), ("default_max_tokens", "0"), ("max_tokens_limit", "0"),
-                           ("num_threads", "0"), ("speculative", "[1]")]],
+                           ("num_threads", "0"), ("speculative", "[1]"), ("draft_len_schedule", "{}"),
+                           ("draft_len_schedule", '{"1": 5, "0": 3}'), ("draft_len_schedule", '{"1": -1}'),
+                           ("draft_len_schedule", "[5, 3]")]],
     # --- bench -------------------------------------------------------------------------------------
     ("bench-without-draft", BASE + "bench: {} #!\n", [], "has no draft"),
     ("bench-draft-len-over", R("bench:\n  max_draft_len: 5 #!\n", DRAFT), [], "exceeds draft.max_draft_len"),

@@ -100,7 +100,7 @@ def test_pytorch_llmapi_repository_agrees_with_bundle(tmp_path: Path, sources: d
 
 def test_local_repository_names_bundle_dirs(tmp_path: Path, sources: dict[str, Path]) -> None:
     recipe = make_recipe(tmp_path, deploy={"target": "local", "max_batch_size": 2,
-                                           "local": {"num_threads": 1}})
+                                           "local": {"num_threads": 1, "draft_len_schedule": {"1": 3, "2": 1}}})
     engine = build_engine(tmp_path, sources, recipe)
     deploy, _ = build_deploy(tmp_path, engine, recipe)
     assert not (deploy / "repo_trtllm").exists()
@@ -116,6 +116,7 @@ def test_local_repository_names_bundle_dirs(tmp_path: Path, sources: dict[str, P
     assert values["max_draft_len"] == "3" and values["speculative"] == "true"
     assert (deploy / "bundle").is_symlink() and not Path((deploy / "bundle").readlink()).is_absolute()
     assert values["num_threads"] == "1"
+    assert json.loads(values["draft_len_schedule"]) == {"1": 3, "2": 1}  # local_model.py reads it as JSON
 
 
 def test_multi_gpu_llmapi_model_runs_one_tritonserver(tmp_path: Path, sources: dict[str, Path]) -> None:

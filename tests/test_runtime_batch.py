@@ -95,6 +95,50 @@ def test_drafting_pauses_above_the_batch_limit_and_resumes(small_vocab: Generato
         assert seq.emitted == gen.generate(prompt, seq.max_new, eos_token_ids=[]).tokens
 
 
+def test_draft_length_follows_the_schedule_by_batch_size(small_vocab: Generator) -> None:
+    gen = small_vocab
+    # TensorRT-LLM's meaning: keys are the upper ends of bands, nothing above the largest
+    decoder = BatchDecoder(gen.target, 8, draft_len_schedule={2: 4, 4: 1})
+    assert [decoder.draft_len(n) for n in (1, 2, 3, 4, 5, 8)] == [4, 4, 1, 1, 0, 0]
+    assert BatchDecoder(gen.target, 8).draft_len(8) is None
+    decoder = BatchDecoder(gen.target, 8, draft_len_schedule={2: 4, 8: 1})
+    speculator = Eagle3ChainSpeculator(gen.draft, 4, 8)
+    proposed: list[tuple[int, int]] = []  # (sequences decoding, longest proposal)
+    propose = speculator.propose
+
+    def recording(seqs, limit=None):  # noqa: ANN001, ANN202
+        out = propose(seqs, limit)
+        proposed.append((len(decoder.running), max(len(p) for p in out)))
+        return out
+
+    speculator.propose = recording  # type: ignore[method-assign]
+    seqs = [decoder.add(p, 10 + 10 * i, eos_token_ids=[], speculator=speculator, draft_slack=4)
+            for i, p in enumerate(PROMPTS[:4])]
+    while not decoder.idle:
+        decoder.step()
+    assert {n for running, n in proposed if running >= 3} == {1}
+    assert {n for running, n in proposed if running < 3} == {4}
+    for seq, prompt in zip(seqs, PROMPTS, strict=False):
+        assert seq.emitted == gen.generate(prompt, seq.max_new, eos_token_ids=[]).tokens
+
+
+def test_a_new_sequence_joins_the_running_ones_step(small_vocab: Generator) -> None:
+    """A prompt that arrives while others decode is prefilled in their next step's forward: that
+    step gives the running sequence its tokens and the new one its first token."""
+    gen = small_vocab
+    decoder = BatchDecoder(gen.target, 8)
+    first = decoder.add(PROMPTS[0], 20, eos_token_ids=[])
+    decoder.step()
+    second = decoder.add(PROMPTS[1], 20, eos_token_ids=[])
+    events = decoder.step()
+    assert {e.seq.id for e in events if e.tokens} == {first.id, second.id}
+    assert first.stats.target_forwards == 2 and second.stats.target_forwards == 1
+    while not decoder.idle:
+        decoder.step()
+    for seq, prompt in ((first, PROMPTS[0]), (second, PROMPTS[1])):
+        assert seq.emitted == gen.generate(prompt, 20, eos_token_ids=[]).tokens
+
+
 def test_speculative_steps_accept_partially_and_record_it(small_vocab: Generator) -> None:
     gen = small_vocab
     decoder = BatchDecoder(gen.target, 8)

@@ -1,12 +1,14 @@
 """In-flight (continuous) batching: many sequences decoded together, joining and leaving at step
 boundaries, each with its own sampler and its own speculator state.
 
-A step either admits waiting sequences (one batched prefill; each emits its first token, so a
-new request's time to first token is about one prefill, not the time the batch takes to drain)
-or decodes every running sequence: speculators propose draft chains, one target forward verifies
-all of them (each sequence at its own position, padded to the longest chain), each sequence
-accepts the prefix of its drafts the target itself picks and gains one more token from the
-target, and finished sequences leave, freeing their slot for the next waiting one.
+Each step decodes every running sequence: speculators propose draft chains, one target forward
+verifies all of them (each sequence at its own position, padded to the longest chain), each
+sequence accepts the prefix of its drafts the target itself picks and gains one more token from
+the target, and finished sequences leave, freeing their slot. Waiting sequences join at a step
+with a free slot: their prompts go through that same target forward (`target_groups`: the GEMMs
+see the prompt rows and the verification rows together, as TensorRT-LLM's mixed context and
+generation batches), and each emits its first token at the end of that step. Joining costs the
+running sequences one forward's worth of extra rows, not a step of their own.
 
 Every token is the target's own choice at its position (argmax, or a draw from its sampling
 distribution, `Sampler`), computed from the same arithmetic as single-stream decoding
@@ -18,13 +20,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
 
 from trtbuild.errors import UserError
-from trtbuild.runtime.batch_forward import Layout, target_rows
+from trtbuild.runtime.batch_forward import Layout, RowGroup, target_groups
 from trtbuild.runtime.batch_kv import BatchKV
 from trtbuild.runtime.sampling import Sampler, SamplingParams
 from trtbuild.runtime.speculator import Speculator
@@ -57,22 +60,26 @@ class Event:
 
 
 class BatchDecoder:
-    """max_batch: sequences decoded together. prefill_tokens: prompt tokens one admission step
-    prefills (at least one sequence); admissions alternate with decode steps, so requests that
-    arrive together start (and so finish) at different steps and later arrivals stay spread out,
-    each paying one small prefill rather than waiting behind a batch of them. speculate_up_to:
-    speculators propose only while at most this many sequences decode (a batch of plain rows
-    already keeps a compute-bound device busy; None: always)."""
+    """max_batch: sequences decoded together. prefill_tokens: prompt tokens that join one step (at
+    least one sequence; more wait for the next step, so a burst of arrivals does not stall the
+    running sequences behind one long prefill). speculate_up_to: speculators propose only while at
+    most this many sequences decode (a batch of plain rows already keeps a compute-bound device
+    busy; None: always). draft_len_schedule: {batch size: draft length} with TensorRT-LLM's meaning
+    (llm_args.py@0004396, DecodingBaseConfig.draft_len_schedule): each key is the upper end of a band,
+    so {4: 5, 8: 3} drafts up to 5 tokens per sequence while 1-4 sequences decode, 3 for 5-8, and
+    none above 8; None: the speculators' own length at every size. Verification rows grow with
+    the batch while acceptance per row falls with the draft position, so on a compute-bound device
+    the best length shrinks as the batch grows."""
 
     def __init__(self, target: TargetModel, max_batch: int, *, prefill_tokens: int = 128,
-                 speculate_up_to: int | None = None) -> None:
+                 speculate_up_to: int | None = None, draft_len_schedule: Mapping[int, int] | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.target = target
         self.max_batch = max_batch
         self.prefill_tokens = prefill_tokens
         self.speculate_up_to = speculate_up_to
-        self._admitted_last = False
+        self.draft_len_schedule = dict(draft_len_schedule or {})
         s = target.spec
         self.kv = BatchKV(s.num_layers, max_batch, s.num_kv_heads, s.head_dim, target.dtype, target.device)
         self.running: list[Sequence] = []  # slot order: running[i] occupies slot i
@@ -114,18 +121,39 @@ class BatchDecoder:
     # -- steps -------------------------------------------------------------------------------
 
     def step(self) -> list[Event]:
-        """Admits waiting sequences if a slot is free, else decodes the running ones once."""
+        """Decodes the running sequences once; waiting ones join that same forward if a slot is free."""
         # Leaving the batch rewrites the KV cache, an inference tensor: only allowed in this mode.
         with torch.inference_mode():
             events = self._drop_cancelled()
-            admit = bool(self.waiting) and len(self.running) < self.max_batch
-            if admit and not (self._admitted_last and self.running):
-                events += self._admit()
-                self._admitted_last = True
-            elif self.running:
-                events += self._decode()
-                self._admitted_last = False
+            new = self._take_waiting()
+            if self.running:
+                events += self._decode(new)
+            elif new:
+                events += self._admit(new)
         return events
+
+    def _take_waiting(self) -> list[Sequence]:
+        """The waiting sequences that join at this step: as many as there are free slots, up to
+        prefill_tokens prompt tokens (at least one)."""
+        room = self.max_batch - len(self.running)
+        if not self.waiting or room < 1:
+            return []
+        new = [self.waiting.popleft()]
+        tokens = new[0].prompt_len
+        while self.waiting and len(new) < room and tokens + self.waiting[0].prompt_len <= self.prefill_tokens:
+            tokens += self.waiting[0].prompt_len
+            new.append(self.waiting.popleft())
+        return new
+
+    def draft_len(self, batch: int) -> int | None:
+        """Most draft tokens per sequence while `batch` sequences decode (0: none; None: no limit):
+        the value of the smallest schedule key >= batch, 0 above every key."""
+        if self.speculate_up_to is not None and batch > self.speculate_up_to:
+            return 0
+        if not self.draft_len_schedule:
+            return None
+        sizes = [size for size in self.draft_len_schedule if size >= batch]
+        return self.draft_len_schedule[min(sizes)] if sizes else 0
 
     def _drop_cancelled(self) -> list[Event]:
         events = []
@@ -163,13 +191,8 @@ class BatchDecoder:
                 groups.setdefault(id(seq.speculator), (seq.speculator, []))[1].append(i)
         return list(groups.values())
 
-    def _admit(self) -> list[Event]:
-        room = self.max_batch - len(self.running)
-        new = [self.waiting.popleft()]
-        tokens = new[0].prompt_len
-        while self.waiting and len(new) < room and tokens + self.waiting[0].prompt_len <= self.prefill_tokens:
-            tokens += self.waiting[0].prompt_len
-            new.append(self.waiting.popleft())
+    def _prefill_group(self, new: list[Sequence]) -> RowGroup:
+        """The new sequences' prompts, in the slots after the running ones (logits at each last row)."""
         lo = len(self.running)
         width = max(seq.prompt_len for seq in new)
         device = self.target.device
@@ -178,17 +201,31 @@ class BatchDecoder:
             ids[i, : seq.prompt_len] = torch.tensor(seq.tokens)
         lengths = torch.tensor([seq.prompt_len for seq in new], device=device)
         self.kv.ensure(width)
+        layout = Layout.causal(torch.zeros_like(lengths), width, self.target.max_positions)
+        return RowGroup(ids, self.kv.view(lo, lo + len(new)), layout, last=lengths - 1)
+
+    def _admit(self, new: list[Sequence]) -> list[Event]:
+        """A step with nothing running: the new prompts alone."""
         layers = self._aux_layers(new)
         t0 = time.perf_counter()
-        logits, aux = target_rows(self.target, ids, self.kv.view(lo, lo + len(new)),
-                                  Layout.causal(torch.zeros_like(lengths), width, self.target.max_positions),
-                                  aux_layers=layers, last=lengths - 1)
-        elapsed = time.perf_counter() - t0
+        [(logits, aux)] = target_groups(self.target, [self._prefill_group(new)], aux_layers=layers)
+        self._join(new)
+        return self._start(new, logits, aux, layers, time.perf_counter() - t0)
+
+    def _join(self, new: list[Sequence]) -> None:
+        """Prefilled sequences join the running list: their slots follow the running ones'
+        (`_prefill_group`), and their prompts are committed (a slot move copies `length` rows)."""
+        for seq in new:
+            seq.length = seq.prompt_len
         self.running.extend(new)
+
+    def _start(self, new: list[Sequence], logits: torch.Tensor, aux: torch.Tensor | None, layers: tuple[int, ...],
+               elapsed: float) -> list[Event]:
+        """New sequences, prefilled (logits [N, 1, V] at their last prompt rows) and already in the
+        running list: each emits its first token and its speculator takes it in."""
         events = []
         for i, seq in enumerate(new):
             token = int(seq.sampler(logits[i, 0]))
-            seq.length = seq.prompt_len
             seq.tokens.append(token)
             seq.stats.target_forwards += 1
             seq.stats.target_s += elapsed
@@ -200,13 +237,15 @@ class BatchDecoder:
                 self._finish(seq)
         return events
 
-    def _decode(self) -> list[Event]:
+    def _decode(self, new: list[Sequence]) -> list[Event]:
+        """One step of the running sequences (drafts verified), with the new ones' prefill in the same
+        target forward."""
         seqs = list(self.running)
         drafts: list[list[int]] = [[] for _ in seqs]
         t0 = time.perf_counter()
-        speculate = self.speculate_up_to is None or len(seqs) <= self.speculate_up_to
-        for speculator, rows in self._groups(seqs) if speculate else []:
-            for i, proposal in zip(rows, speculator.propose([seqs[i] for i in rows]), strict=True):
+        limit = self.draft_len(len(seqs))
+        for speculator, rows in self._groups(seqs) if limit != 0 else []:
+            for i, proposal in zip(rows, speculator.propose([seqs[i] for i in rows], limit), strict=True):
                 # never past the context: the last verified row must have a RoPE position
                 drafts[i] = list(proposal[: self.target.max_positions - 1 - seqs[i].length])
         t1 = time.perf_counter()
@@ -217,9 +256,13 @@ class BatchDecoder:
             ids[i, : len(draft) + 1] = torch.tensor([seq.tokens[-1], *draft])
         starts = torch.tensor([seq.length for seq in seqs], device=device)
         self.kv.ensure(int(starts.max()) + width)
-        layers = self._aux_layers(seqs)
-        logits, aux = target_rows(self.target, ids, self.kv.view(0, len(seqs)),
-                                  Layout.causal(starts, width, self.target.max_positions), aux_layers=layers)
+        layers = self._aux_layers(seqs + new)
+        groups = [RowGroup(ids, self.kv.view(0, len(seqs)), Layout.causal(starts, width, self.target.max_positions))]
+        if new:
+            groups.append(self._prefill_group(new))
+        results = target_groups(self.target, groups, aux_layers=layers)
+        logits, aux = results[0]
+        self._join(new)
         t2 = time.perf_counter()
         greedy = logits.argmax(-1).tolist()
         accepted, events = [], []
@@ -229,16 +272,16 @@ class BatchDecoder:
             a = 0
             while a < k and draft[a] == picks[a]:
                 a += 1
-            new = [*draft[:a], picks[a]]
+            taken = [*draft[:a], picks[a]]
             seq.length += a + 1
-            seq.tokens.extend(new)
+            seq.tokens.extend(taken)
             seq.stats.target_forwards += 1
             seq.stats.target_s += t2 - t1
             seq.stats.draft_s += t1 - t0
             if seq.speculator is not None:
                 seq.stats.accepted.append(a)
             accepted.append(a)
-            events.append(Event(seq, self._emit(seq, new), seq.done))
+            events.append(Event(seq, self._emit(seq, taken), seq.done))
         for speculator, rows in self._groups(seqs):
             for i in rows:
                 if seqs[i].done:
@@ -252,6 +295,8 @@ class BatchDecoder:
             seq.stats.draft_s += t3 - t2
             if seq.done:
                 self._leave(seq)
+        if new:
+            events += self._start(new, *results[1], layers, t2 - t1)
         return events
 
     # -- bookkeeping -------------------------------------------------------------------------

@@ -54,24 +54,25 @@ class Eagle3ChainSpeculator:
         self.logits[lo:hi] = logits[:, 0]
         self.order.extend(seqs)
 
-    def propose(self, seqs: Seq[SequenceState]) -> list[list[int]]:
+    def propose(self, seqs: Seq[SequenceState], limit: int | None = None) -> list[list[int]]:
         b = len(self.order)
-        if b == 0:
+        depth = self.depth if limit is None else min(self.depth, limit)
+        if b == 0 or depth < 1:
             return [[] for _ in seqs]
         draft = self.draft
         starts = torch.tensor([seq.length for seq in self.order], device=self.hidden.device)
-        self.kv.ensure(int(starts.max()) + self.depth)
+        self.kv.ensure(int(starts.max()) + depth)
         tok = draft.to_target[self.logits[:b].argmax(-1)]
         chain, hidden = [tok], self.hidden[:b]
-        keep = torch.full((b,), self.depth, dtype=torch.long)  # drafted tokens kept per sequence
-        for k in range(1, self.depth):
+        keep = torch.full((b,), depth, dtype=torch.long)  # drafted tokens kept per sequence
+        for k in range(1, depth):
             layout = Layout.causal(starts + k - 1, 1, self.max_positions)
             hidden, logits = draft_rows(draft, hidden, tok.view(b, 1), self.kv.view(0, b), layout)
             step = logits[:, -1]
             if self.min_draft_prob > 0:
                 # chain drafting stops where the draft is unsure (the first token is always proposed)
                 unsure = (step.softmax(-1).amax(-1) < self.min_draft_prob).cpu()
-                keep = torch.where(unsure & (keep == self.depth), torch.full_like(keep, k), keep)
+                keep = torch.where(unsure & (keep == depth), torch.full_like(keep, k), keep)
             tok = draft.to_target[step.argmax(-1)]
             chain.append(tok)
         tokens = torch.stack(chain, 1).tolist()

@@ -14,6 +14,7 @@ K/V placement and masking differ, so the batched path adds no numerics of its ow
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
@@ -57,13 +58,13 @@ def additive_mask(mask: torch.Tensor, heads: int, kv_heads: int, dtype: torch.dt
     return additive.unsqueeze(1)
 
 
-def attention_rows(layer: DecoderLayer, x: torch.Tensor, spec: LlamaSpec, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, layout: Layout, rot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Self-attention of x [B, T, in]; k_cache / v_cache [B, kv_heads, capacity, head_dim] are the
+def attend(qkv: torch.Tensor, spec: LlamaSpec, layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           layout: Layout, rot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Self-attention of the q/k/v projections qkv [B, T, (heads + 2 kv_heads) * head_dim] -> [B, T,
+    heads * head_dim] (before o_proj); k_cache / v_cache [B, kv_heads, capacity, head_dim] are the
     batch's slots (views into the cache, written in place)."""
-    b, t = x.shape[:2]
+    b, t = qkv.shape[:2]
     nq, nkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    qkv = apply_linears(layer.qkv, x)
     qk = apply_rope(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), rot)
     q = qk[:, :, :nq].transpose(1, 2)
     k = qk[:, :, nq:]
@@ -72,19 +73,36 @@ def attention_rows(layer: DecoderLayer, x: torch.Tensor, spec: LlamaSpec, k_cach
         k = fake_quant_fp8(k, layer.k_scale)
     if layer.v_scale is not None:
         v = fake_quant_fp8(v, layer.v_scale)
-    sequence = torch.arange(b, device=x.device).view(-1, 1)
+    sequence = torch.arange(b, device=qkv.device).view(-1, 1)
     # Advanced indices on dims 0 and 2 address [B, T, kv_heads, head_dim]: row (b, i) -> slot b, row rows[b, i].
     k_cache[sequence, :, layout.cache_rows] = k
     v_cache[sequence, :, layout.cache_rows] = v
     s = layout.span
     out = attention(q, k_cache[:, :, :s], v_cache[:, :, :s], mask, d ** -0.5)
-    return layer.o_proj(out.transpose(1, 2).reshape(b, t, nq * d))
+    return out.transpose(1, 2).reshape(b, t, nq * d)
+
+
+def attention_rows(layer: DecoderLayer, x: torch.Tensor, spec: LlamaSpec, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, layout: Layout, rot: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Self-attention block of x [B, T, in], o_proj included (see `attend`)."""
+    return layer.o_proj(attend(apply_linears(layer.qkv, x), spec, layer, k_cache, v_cache, layout, rot, mask))
 
 
 def _last_rows(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     if last is None:
         return x
     return x[torch.arange(x.shape[0], device=x.device), last].unsqueeze(1)
+
+
+@dataclass
+class RowGroup:
+    """Sequences that enter one target forward with one layout: ids [B, T] over the cache slots kv
+    (a `BatchKV.view`); logits at every row, or only at row last[b] of each sequence."""
+
+    ids: torch.Tensor
+    kv: torch.Tensor
+    layout: Layout
+    last: torch.Tensor | None = None
 
 
 def target_rows(target: TargetModel, ids: torch.Tensor, kv: torch.Tensor, layout: Layout, *,
@@ -94,20 +112,43 @@ def target_rows(target: TargetModel, ids: torch.Tensor, kv: torch.Tensor, layout
 
     Returns logits [B, T, V] (or [B, 1, V] at row last[b] of each sequence) and the aux hidden
     states [B, T, len(aux_layers) * hidden] of all rows (None without aux_layers)."""
+    return target_groups(target, [RowGroup(ids, kv, layout, last)], aux_layers=aux_layers)[0]
+
+
+def target_groups(target: TargetModel, groups: Seq[RowGroup], *, aux_layers: tuple[int, ...] = (),
+                  ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Several groups through the target in one forward, (logits, aux) per group as `target_rows`.
+
+    The groups' rows are stacked for every row-wise op (the GEMMs, norms, MLP) and split only for
+    attention, which each group does over its own slots with its own layout: a step's
+    verification rows (a few per sequence) and a new request's prompt rows (many) share the GEMMs
+    without padding one to the other's width, as TensorRT-LLM batches context and generation
+    requests together."""
     spec = target.spec
-    rot = target.rot[layout.positions]
-    mask = additive_mask(layout.mask, spec.num_heads, spec.num_kv_heads, target.dtype)
-    x = F.embedding(ids, target.embed)
-    aux: list[torch.Tensor] = []
     eps = spec.rms_norm_eps
+    sizes = [g.ids.numel() for g in groups]
+    shapes = [tuple(g.ids.shape) for g in groups]
+    rots = [target.rot[g.layout.positions] for g in groups]
+    masks = [additive_mask(g.layout.mask, spec.num_heads, spec.num_kv_heads, target.dtype) for g in groups]
+    x = F.embedding(torch.cat([g.ids.reshape(-1) for g in groups]), target.embed)  # [rows, hidden]
+    aux: list[torch.Tensor] = []
     for i, layer in enumerate(target.layers):
-        x = x + attention_rows(layer, rms_norm(x, layer.input_norm, eps), spec, kv[i, 0], kv[i, 1], layout,
-                               rot, mask)
+        qkv = apply_linears(layer.qkv, rms_norm(x, layer.input_norm, eps))
+        parts = [attend(part.view(*shape, -1), spec, layer, g.kv[i, 0], g.kv[i, 1], g.layout, rot, mask)
+                 .reshape(n, -1) for part, shape, n, g, rot, mask
+                 in zip(qkv.split(sizes), shapes, sizes, groups, rots, masks, strict=True)]
+        x = x + layer.o_proj(parts[0] if len(parts) == 1 else torch.cat(parts))
         x = x + mlp_block(layer, rms_norm(x, layer.post_norm, eps))
         if i in aux_layers:
             aux.append(x)
-    logits = target.lm_head(rms_norm(_last_rows(x, last), target.norm, eps))
-    return logits, (torch.cat(aux, -1) if aux else None)
+    hidden = [_last_rows(part.view(*shape, -1), g.last) for part, shape, g in zip(x.split(sizes), shapes, groups,
+                                                                                   strict=True)]
+    rows = [h.shape[0] * h.shape[1] for h in hidden]
+    flat = torch.cat([h.reshape(n, -1) for h, n in zip(hidden, rows, strict=True)])
+    logits = target.lm_head(rms_norm(flat, target.norm, eps)).split(rows)
+    stacked = torch.cat(aux, -1).split(sizes) if aux else [None] * len(groups)
+    return [(lg.view(h.shape[0], h.shape[1], -1), None if a is None else a.view(*shape, -1))
+            for lg, h, a, shape in zip(logits, hidden, stacked, shapes, strict=True)]
 
 
 def draft_rows(draft: DraftModel, hidden: torch.Tensor, next_ids: torch.Tensor, kv: torch.Tensor,

@@ -38,8 +38,9 @@ class Speculator(Protocol):
         """New sequences, prefilled: aux [len(seqs), P, A] holds row i's prompt positions
         [0, seqs[i].prompt_len) (later rows are padding); seqs[i].tokens[-1] is its first token."""
 
-    def propose(self, seqs: Seq[SequenceState]) -> list[list[int]]:
-        """Draft tokens (target vocabulary ids, a chain following tokens[-1]) per sequence; may be empty."""
+    def propose(self, seqs: Seq[SequenceState], limit: int | None = None) -> list[list[int]]:
+        """Draft tokens (target vocabulary ids, a chain following tokens[-1]) per sequence, at most
+        `limit` each (None: the speculator's own length); may be empty."""
 
     def update(self, seqs: Seq[SequenceState], accepted: Seq[int], aux: torch.Tensor | None) -> None:
         """After verification: seqs[i] accepted accepted[i] of its drafts and committed them plus the

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 
@@ -95,6 +95,32 @@ class LocalTargetOptions(StageConfig):
     speculative_max_batch: int | None = Field(default=None, ge=1, le=1 << 16, description="Draft only while at most this "
                                               "many requests decode together (in-flight batching; a larger batch "
                                               "of plain rows already keeps a CPU busy). Default: always.")
+    draft_len_schedule: dict[int, int] | None = Field(default=None, description="Draft length by batch size, with "
+                                                      "TensorRT-LLM's draft_len_schedule meaning: each key is the "
+                                                      "upper end of a band, so {\"4\": 5, \"8\": 3} drafts up to 5 "
+                                                      "tokens while 1-4 requests decode together, 3 for 5-8 and none "
+                                                      "above 8. Lengths above the deployment's max_draft_len are "
+                                                      "capped at it. Default: max_draft_len at every batch size.")
+
+    @field_validator("draft_len_schedule")
+    @classmethod
+    def _schedule(cls, value: dict[int, int] | None) -> dict[int, int] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("is empty: leave it out, or give {\"<batch size>\": <draft length>, ...}")
+        bad = [f"{size}: {n}" for size, n in value.items() if size < 1 or size > 1 << 16 or n < 0 or n > 64]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: batch sizes must be 1-65536 and draft lengths 0-64")
+        return dict(sorted(value.items()))
+
+    @model_validator(mode="after")
+    def _one_gate(self) -> LocalTargetOptions:
+        if self.draft_len_schedule is not None and self.speculative_max_batch is not None:
+            raise ValueError("speculative_max_batch and draft_len_schedule are mutually exclusive (as TensorRT-LLM's "
+                             "max_concurrency and draft_len_schedule): a schedule whose largest key is N already "
+                             "stops drafting above N")
+        return self
 
 
 class DeployConfig(StageConfig):

@@ -94,7 +94,8 @@ class TritonPythonModel:
         self.max_prompt_bytes = int(params.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES)
         self.generator = generator_from_params(params, model_dir)
         speculate_up_to = int(params["speculative_max_batch"]) if params.get("speculative_max_batch") else None
-        self.batcher = TextBatcher(self.generator, max(1, max_batch_size), speculate_up_to)
+        schedule = {int(size): int(n) for size, n in json.loads(params.get("draft_len_schedule") or "{}").items()}
+        self.batcher = TextBatcher(self.generator, max(1, max_batch_size), speculate_up_to, schedule or None)
         self._tags = itertools.count()
         self._warm_up()
         self.work: queue.Queue[Any] = queue.Queue()

@@ -10,6 +10,7 @@ the cache moves as a whole.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def local_config(config: Any, bundle: BundleInfo, model_dir: Path, bundle_link: 
         "max_prompt_bytes": str(config.local.max_prompt_bytes),
         "num_threads": str(config.local.num_threads or ""),
         "speculative_max_batch": str(config.local.speculative_max_batch or ""),
+        "draft_len_schedule": json.dumps(config.local.draft_len_schedule) if config.local.draft_len_schedule else "",
     }
     return {
         "name": config.model_name,

@@ -42,17 +42,20 @@ class TextEvent:
 
 
 class TextBatcher:
-    def __init__(self, generator: TextGenerator, max_batch: int, speculate_up_to: int | None = None) -> None:
+    def __init__(self, generator: TextGenerator, max_batch: int, speculate_up_to: int | None = None,
+                 draft_len_schedule: dict[int, int] | None = None) -> None:
         self.text = generator
         self.max_batch = max_batch
         self.speculate_up_to = speculate_up_to
+        self.draft_len_schedule = draft_len_schedule
         self.draft_len = generator.spec.max_draft_len if generator.spec is not None else 0
         self._fresh()
 
     def _fresh(self) -> None:
         from trtbuild.runtime.batch import BatchDecoder
 
-        self.decoder = BatchDecoder(self.text.generator.target, self.max_batch, speculate_up_to=self.speculate_up_to)
+        self.decoder = BatchDecoder(self.text.generator.target, self.max_batch, speculate_up_to=self.speculate_up_to,
+                                    draft_len_schedule=self.draft_len_schedule)
         self.speculator = speculator_for(self.text, self.max_batch)
         self._live: dict[Hashable, tuple[Any, TextDeltas]] = {}
 
