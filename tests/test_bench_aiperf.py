@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
 
-from trtbuild.loadgen.aiperf import find_aiperf
+from trtbuild.loadgen.aiperf import find_aiperf, levels
 from trtbuild.loadgen.report import rows
 from trtbuild.triton.commands import bench_local, bench_server_url
 
@@ -35,11 +35,12 @@ def test_aiperf_levels_against_the_openai_front(deploy: Path, tmp_path: Path) ->
     from trtbuild.triton import commands
 
     report = bench_local(deploy, concurrency=(1, 2), max_tokens=8, out_dir=tmp_path, echo=lambda _: None)
+    asked = {level.concurrency: level.requests for level in levels((1, 2))}
     assert report["loadgen"] == "aiperf" and report["model"] == "llm"
     assert [row["concurrency"] for row in report["levels"]] == [1, 2]
     for row in report["levels"]:
         export = json.loads((tmp_path / "aiperf" / f"c{row['concurrency']}" / "profile_export_aiperf.json").read_text())
-        assert row["errors"] == 0 and row["requests"] == 16 == export["request_count"]["avg"]
+        assert row["errors"] == 0 and row["requests"] == asked[row["concurrency"]] == export["request_count"]["avg"]
         assert row["ttft_ms_p50"] == export["time_to_first_token"]["p50"] > 0
         assert row["throughput_tokens_per_s"] == export["output_token_throughput"]["avg"] > 0
         assert export["output_sequence_length"]["avg"] <= 8 and "--concurrency" in row["command"]
