@@ -139,6 +139,27 @@ def test_a_new_sequence_joins_the_running_ones_step(small_vocab: Generator) -> N
         assert seq.emitted == gen.generate(prompt, 20, eos_token_ids=[]).tokens
 
 
+def test_a_prompt_longer_than_the_cache_joins_a_running_step(small_vocab: Generator) -> None:
+    """The joining prompt grows the KV cache in the middle of a step; the running sequence's rows
+    of that same forward must land in the grown cache too."""
+    gen = small_vocab
+    decoder = BatchDecoder(gen.target, 4)
+    capacity = decoder.kv.capacity
+    long_prompt = [(3 * i + 1) % 8 for i in range(capacity + 9)]
+    first = decoder.add(PROMPTS[2], 24, eos_token_ids=[])
+    decoder.step()
+    second = decoder.add(long_prompt, 12, eos_token_ids=[])
+    before = first.length
+    decoder.step()
+    assert decoder.kv.capacity > capacity and second.stats.target_forwards == 1
+    written = decoder.kv.data[:, :, 0, :, before: first.length]  # the running sequence's rows of that step
+    assert first.length == before + 1 and bool(written.abs().amax(-1).gt(0).all())
+    while not decoder.idle:
+        decoder.step()
+    assert first.emitted == gen.generate(PROMPTS[2], 24, eos_token_ids=[]).tokens
+    assert second.emitted == gen.generate(long_prompt, 12, eos_token_ids=[]).tokens
+
+
 def test_speculative_steps_accept_partially_and_record_it(small_vocab: Generator) -> None:
     gen = small_vocab
     decoder = BatchDecoder(gen.target, 8)

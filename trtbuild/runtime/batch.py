@@ -257,9 +257,9 @@ class BatchDecoder:
         starts = torch.tensor([seq.length for seq in seqs], device=device)
         self.kv.ensure(int(starts.max()) + width)
         layers = self._aux_layers(seqs + new)
-        groups = [RowGroup(ids, self.kv.view(0, len(seqs)), Layout.causal(starts, width, self.target.max_positions))]
-        if new:
-            groups.append(self._prefill_group(new))
+        prefill = [self._prefill_group(new)] if new else []  # first: it may grow the cache, which views point into
+        groups = [RowGroup(ids, self.kv.view(0, len(seqs)), Layout.causal(starts, width, self.target.max_positions)),
+                  *prefill]
         results = target_groups(self.target, groups, aux_layers=layers)
         logits, aux = results[0]
         self._join(new)
