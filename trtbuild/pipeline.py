@@ -1,9 +1,10 @@
 """Plan and build: stage keys, cache hits, running stages into the cache, linking outputs.
 
-A stage's key is the hash of its config, its inputs' keys, its code version (hash of its module
-sources) and the versions of the libraries it calls, plus any `key_material` the stage adds
-(e.g. a local model's file fingerprints). Change any of these and the stage and every stage after
-it that reads it get new keys; nothing before it changes.
+A stage's key is the hash of its config, its inputs' keys, its code version (hash of every project
+module its module imports, directly or not: trtbuild/code_version.py) and the versions of the
+libraries it calls, plus any `key_material` the stage adds (e.g. a local model's file fingerprints).
+Change any of these and the stage and every stage after it that reads it get new keys; nothing
+before it changes.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.cache import ArtifactCache, Entry, dir_size
+from trtbuild.code_version import code_version as module_code_version
 from trtbuild.errors import TrtbuildError, UserError, os_error
 from trtbuild.progress import Progress
 from trtbuild.safepaths import OUTPUT_MARKER, ensure_inside, mark_output_dir
 from trtbuild.stages import STAGE_ORDER, all_stages
 from trtbuild.stages.base import Artifact, Stage, StageConfig, StageContext
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 DAMAGED = "cache entry damaged, rebuilt"
 
 
@@ -60,25 +61,8 @@ class PlannedStage:
 
 
 def code_version(stage: Stage) -> str:
-    """Hash of the stage module's source and of the helper modules it names (read, not imported)."""
-    digest = hashlib.sha256()
-    modules = (type(stage).__module__, "trtbuild.stages.base", *stage.code_modules)
-    for module in sorted(set(modules)):
-        for file in _module_files(module):
-            digest.update(str(file.relative_to(PACKAGE_DIR.parent)).encode())
-            digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _module_files(module: str) -> list[Path]:
-    parts = module.split(".")
-    if parts[0] != "trtbuild":
-        return []
-    base = PACKAGE_DIR.joinpath(*parts[1:])
-    if base.is_dir():
-        return sorted(base.rglob("*.py"))
-    file = base.with_suffix(".py")
-    return [file] if file.is_file() else []
+    """Hash of every project module the stage's module imports, directly or not (its import closure)."""
+    return module_code_version(type(stage).__module__)
 
 
 def library_versions(names: tuple[str, ...]) -> dict[str, str | None]:

@@ -94,9 +94,6 @@ class Stage:
     depends_on: ClassVar[tuple[str, ...]] = ()
     # Python distributions whose installed versions are part of the key.
     libraries: ClassVar[tuple[str, ...]] = ()
-    # Modules (dotted names) whose source is part of the stage's code version, besides the
-    # stage's own module. List the helpers whose changes change the artifact.
-    code_modules: ClassVar[tuple[str, ...]] = ()
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         """Extra facts outside the config that change the artifact (e.g. a local model's files)."""

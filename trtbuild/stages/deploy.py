@@ -175,10 +175,6 @@ class DeployStage(Stage):
     config_cls = DeployConfig
     depends_on = ("engine",)
     libraries = ("tritonclient", "protobuf")
-    # The modules whose output is the artifact (clients, bench and server do not change it).
-    code_modules = ("trtbuild.triton.deploy", "trtbuild.triton.pbtxt", "trtbuild.triton.bundle_info",
-                    "trtbuild.triton.repo_trtllm", "trtbuild.triton.repo_local",
-                    "trtbuild.triton.local_model", "trtbuild.triton.launch")
 
     def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
         assert isinstance(config, DeployConfig)

@@ -139,10 +139,6 @@ class DraftStage(Stage):
     config_cls = DraftConfig
     depends_on = ("model",)
     libraries = ("torch", "transformers", "nvidia-modelopt", "safetensors", "tokenizers")
-    code_modules = ("trtbuild.eagle3.format", "trtbuild.eagle3.vocab", "trtbuild.eagle3.compat",
-                    "trtbuild.eagle3.model", "trtbuild.eagle3.data", "trtbuild.eagle3.train",
-                    "trtbuild.eagle3.export", "trtbuild.eagle3.evaluate", "trtbuild.eagle3.build",
-                    "trtbuild.data.sources", "trtbuild.data.pydoc_corpus")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, DraftConfig)

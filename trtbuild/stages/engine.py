@@ -232,7 +232,6 @@ class EngineStage(Stage):
     depends_on = ("model",)
     optional_inputs = ("quantize", "draft")
     libraries = ("tensorrt-llm", "safetensors", "torch", "triton")
-    code_modules = ("trtbuild.trtllm", "trtbuild.contract", "trtbuild.plugins", "trtbuild.safetensors_header")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, EngineConfig)

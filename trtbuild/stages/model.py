@@ -229,7 +229,6 @@ class ModelStage(Stage):
     name = "model"
     config_cls = ModelConfig
     libraries = ("torch", "transformers", "tokenizers", "safetensors")
-    code_modules = ("trtbuild.tiny", "trtbuild.data.pydoc_corpus")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, ModelConfig)

@@ -109,8 +109,6 @@ class QuantizeStage(Stage):
     config_cls = QuantizeConfig
     depends_on = ("model",)
     libraries = ("nvidia-modelopt", "torch", "transformers", "safetensors")
-    code_modules = ("trtbuild.modelopt_fp8", "trtbuild.evaluation", "trtbuild.data.sources",
-                    "trtbuild.data.pydoc_corpus")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         from trtbuild.data.sources import fingerprint
