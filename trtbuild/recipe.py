@@ -20,10 +20,10 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
 
 from trtbuild.errors import UserError
+from trtbuild.shell import ENV_PATTERN
 from trtbuild.yaml_positions import KeyPath, Position, load_yaml_with_positions
 
 KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a")
-ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
 class RecipeBase(BaseModel):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from trtbuild.recipe import ENV_PATTERN
-
+# `${env:NAME}` / `${env:NAME:-default}`: recipe.py interpolates them, launch scripts keep them as references.
+ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -33,7 +33,7 @@ from pydantic import Field, model_validator
 
 from trtbuild.errors import BuildError
 from trtbuild.progress import Progress
-from trtbuild.stages.base import StageConfig
+from trtbuild.stage_api import StageConfig
 
 if TYPE_CHECKING:
     import torch

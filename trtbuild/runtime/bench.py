@@ -20,7 +20,7 @@ from pydantic import Field
 
 from trtbuild.errors import UserError
 from trtbuild.progress import Progress
-from trtbuild.stages.base import StageConfig
+from trtbuild.stage_api import StageConfig
 
 
 class BenchConfig(StageConfig):
