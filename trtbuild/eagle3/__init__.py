@@ -2,6 +2,7 @@
 
 Modules (heavy imports stay inside functions everywhere except train/model, which the stage
 imports lazily):
+    config    the draft stage's recipe section (DraftConfig, DraftEval, DraftGate)
     format    the checkpoint format TRT-LLM's EAGLE-3 loader reads (names, keys, reading headers)
     vocab     draft-vocabulary calibration (most frequent target tokens -> d2t)
     compat    refuse a draft that does not fit the target, before any expensive work

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from trtbuild.errors import UserError
 
 if TYPE_CHECKING:
-    from trtbuild.stages.base import StageContext
-    from trtbuild.stages.draft import DraftConfig
+    from trtbuild.eagle3.config import DraftConfig
+    from trtbuild.stage_api import StageContext
 
 POOL_FILE = "pool.safetensors"  # a tensor file, never a pickle: the resume dir lies in the cache
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trtbuild.stages.base import StageContext
-    from trtbuild.stages.draft import DraftEval
+    from trtbuild.eagle3.config import DraftEval
+    from trtbuild.stage_api import StageContext
 
 FIRST_NORM = "standard"
 

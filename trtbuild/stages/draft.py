@@ -16,94 +16,15 @@ import inspect
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from trtbuild.data.sources import TextSource
+from trtbuild.eagle3.config import DraftConfig, DraftEval, DraftGate
 from trtbuild.errors import BuildError, UserError
 from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 
+__all__ = ["DraftConfig", "DraftEval", "DraftGate", "DraftStage", "resume_dir"]
+
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
-
-
-class DraftGate(StageConfig):
-    min_acceptance_length: float | None = Field(
-        default=None, ge=1.0, description="Fail the build when the measured mean acceptance length tau "
-        "(tokens per target step, bonus token included) is below this. Unset: no gate.")
-
-
-class DraftEval(StageConfig):
-    dataset: TextSource = Field(default=TextSource(kind="pydoc"), description="Held-out text the prompts "
-                                "come from (its eval split: pydoc's held-out paragraphs).")
-    prompts: int = Field(default=8, ge=0, le=10**5, description="Number of prompts: the first prompt_len "
-                         "tokens (BOS included) of records evenly spaced over the eval split, as `trtbuild "
-                         "bench` makes them; 0 skips the evaluation (then no gate can be checked).")
-    prompt_len: int = Field(default=64, ge=1, le=1 << 20, description="Prompt length in tokens.")
-    new_tokens: int = Field(default=128, ge=1, le=1 << 20, description="Tokens generated per prompt (greedy target).")
-    mode: Literal["chain", "tree"] = Field(default="chain", description="Speculation shape used by the "
-                                           "runtime: one chain of max_draft_len tokens, or a tree.")
-
-
-class DraftConfig(StageConfig):
-    source: Literal["train", "path", "hub", "ngram", "none"] = Field(
-        default="train", description="train: EAGLE-3 training with ModelOpt against the target; path: a "
-        "local draft directory; hub: a repo id in the local HF cache (offline); ngram: no draft model, "
-        "prompt lookup (TRT-LLM's NGram speculative decoding; the stage measures its tau); none: no "
-        "speculative decoding.")
-    path: str | None = Field(default=None, description="source: path: the EAGLE-3 draft directory.")
-    repo_id: str | None = Field(default=None,
-                                description="source: hub: e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B.")
-    revision: str = Field(default="main", description="source: hub: branch, tag or commit.")
-    compat_ignore: list[str] = Field(default_factory=list, description="Compatibility checks to waive for a "
-                                     "loaded draft (names from trtbuild.eagle3.compat.CHECKS, e.g. rope).")
-    max_draft_len: int = Field(default=3, ge=1, le=16, description="Draft tokens per step, as the engine "
-                               "(speculative_config.max_draft_len) and the runtime use it.")
-    max_matching_ngram_size: int = Field(default=2, ge=1, le=16, description="source: ngram: longest suffix "
-                                         "of the context looked up (TRT-LLM's max_matching_ngram_size).")
-    aux_layers: list[int] | None = Field(
-        default=None, description="Target layers whose hidden states feed the draft. Default: TRT-LLM's "
-        "{1, L/2-1, L-4}, clipped and de-duplicated.")
-    draft_vocab_size: int | None = Field(
-        default=None, ge=1, le=1 << 24, description="Draft vocabulary: the most frequent target tokens of the training "
-        "data (d2t). Default: the full vocab.")
-    intermediate_size: int | None = Field(default=None, ge=1, le=1 << 20, description="Draft MLP width. Default: the "
-                                          "target's.")
-    dataset: TextSource = Field(
-        default=TextSource(kind="pydoc"), description="Training text (train split): pydoc, a .txt/.jsonl "
-        "file (chat jsonl rendered with the chat template), or hf.")
-    samples: int = Field(default=512, ge=1, le=10**7, description="Training sequences in the pool.")
-    distill_fraction: float = Field(default=0.5, ge=0.0, le=1.0, description="Share of the pool that is the "
-                                    "target's own greedy continuation of training-text prompts.")
-    prompt_len: int = Field(default=16, ge=1, le=1 << 20, description="Prompt tokens of each generated sequence.")
-    steps: int | None = Field(default=None, ge=1, le=10**8, description="Optimizer steps; default: epochs x samples / "
-                              "batch_size.")
-    epochs: float = Field(default=1.0, gt=0, le=1e4, description="Passes over the pool when `steps` is unset.")
-    lr: float = Field(default=1e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")
-    batch_size: int = Field(default=8, ge=1, le=1 << 16, description="Sequences per step.")
-    seq_len: int = Field(default=128, ge=8, le=1 << 20, description="Tokens per training sequence.")
-    ttt_steps: int = Field(default=3, ge=1, le=8, description="Training-time-test unroll length (draft "
-                           "steps trained on its own outputs).")
-    loss_decay: float = Field(default=0.9, gt=0, le=1, description="Loss weight decay per unroll step.")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of data sampling, initialisation and batch order.")
-    checkpoint_every: int = Field(default=25, ge=1, le=10**8, description="Steps between resume checkpoints.")
-    export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto", description="dtype of the exported draft; auto: the target's.")
-    gate: DraftGate = Field(default_factory=DraftGate, description="Build gate on the acceptance length.")
-    eval: DraftEval = Field(default_factory=DraftEval, description="Acceptance evaluation on held-out text.")
-
-    @model_validator(mode="after")
-    def _source_fields(self) -> DraftConfig:
-        if self.source == "path" and not self.path:
-            raise ValueError("source: path needs `path:` (a local EAGLE-3 draft directory)")
-        if self.source == "hub" and not self.repo_id:
-            raise ValueError("source: hub needs `repo_id:` (an EAGLE-3 draft in the local HF cache)")
-        if self.aux_layers is not None and not self.aux_layers:
-            raise ValueError("aux_layers must name at least one target layer (or be left unset)")
-        return self
-
-    def total_steps(self) -> int:
-        return self.steps or max(1, round(self.epochs * self.samples / self.batch_size))
 
 
 def _hub_dir(config: DraftConfig) -> Path:

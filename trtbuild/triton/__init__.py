@@ -1,6 +1,7 @@
 """Triton Inference Server: model repositories, the server launcher, clients and the load test.
 
 Modules:
+    config       the deploy stage's recipe section (DeployConfig and its target options)
     deploy       the deploy stage's work: read the bundle, write repositories + launchers, check them
     bundle_info  what the deploy stage reads from the engine bundle (paths, batch size, draft length)
     pbtxt        write config.pbtxt from plain data; parse every file back into Triton's ModelConfig

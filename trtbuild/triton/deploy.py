@@ -15,8 +15,8 @@ from trtbuild.triton.repo_local import write_local_repository
 from trtbuild.triton.repo_trtllm import write_trtllm_repository
 
 if TYPE_CHECKING:
-    from trtbuild.stages.base import StageContext, StageResult
-    from trtbuild.stages.deploy import DeployConfig
+    from trtbuild.stage_api import StageContext, StageResult
+    from trtbuild.triton.config import DeployConfig
 
 DEPLOY_FORMAT = "trtbuild-deploy/1"
 
@@ -40,7 +40,7 @@ def link_bundle(out_dir: Path, bundle_root: Path) -> Path:
 
 
 def build_deployment(config: DeployConfig, ctx: StageContext) -> StageResult:
-    from trtbuild.stages.base import StageResult
+    from trtbuild.stage_api import StageResult
 
     bundle_root = ctx.input("engine").path / "bundle"
     bundle = read_bundle(bundle_root)

@@ -1,6 +1,7 @@
 """Everything trtbuild knows about TensorRT-LLM, without importing it.
 
 Modules:
+    config      the engine stage's recipe section (EngineConfig and its settings)
     llm_args    a typed model of the `LLM()` arguments we write (llm_api_options.yaml); unknown keys
                 are errors, and write -> read gives the same object back
     launchers   trtllm-serve on one node, under mpirun, and an sbatch script for Slurm

@@ -34,8 +34,8 @@ from trtbuild.trtllm.llm_args import (
 )
 
 if TYPE_CHECKING:
-    from trtbuild.stages.base import StageContext, StageResult
-    from trtbuild.stages.engine import EngineConfig
+    from trtbuild.stage_api import StageContext, StageResult
+    from trtbuild.trtllm.config import EngineConfig
 
 BUNDLE_FORMAT = "trtbuild-engine-bundle/1"
 TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -304,7 +304,7 @@ def _sass_summary(report: Any) -> dict[str, Any]:
 # --- the stage ------------------------------------------------------------------------------------
 
 def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
-    from trtbuild.stages.base import StageResult
+    from trtbuild.stage_api import StageResult
 
     recipe, progress = ctx.recipe, ctx.progress
     archs = list(recipe.gpu_archs)

@@ -14,7 +14,7 @@ from trtbuild.errors import UserError
 from trtbuild.trtllm.facts import ModelFacts, target_facts
 
 if TYPE_CHECKING:
-    from trtbuild.stages.engine import EngineConfig
+    from trtbuild.trtllm.config import EngineConfig
 
 # Archs with FP8 tensor cores (Ada and newer) / with programmatic dependent launch (Hopper and newer).
 FP8_ARCHS = ("sm_89", "sm_90a", "sm_100a", "sm_120a")

@@ -20,7 +20,7 @@ from trtbuild.trtllm import launchers, plugin_module
 from trtbuild.trtllm.llm_args import LlmApiOptions
 
 if TYPE_CHECKING:
-    from trtbuild.stages.engine import EngineConfig
+    from trtbuild.trtllm.config import EngineConfig
 
 OPTIONS_FILE = "llm_api_options.yaml"
 LAUNCHERS = ("launch/serve.sh", "launch/mpirun.sh", "launch/slurm.sbatch")
