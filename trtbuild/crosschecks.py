@@ -42,7 +42,7 @@ def _target_shapes(recipe: Any) -> dict[str, Any] | None:
         return None
     if model.source == "tiny":
         return model.tiny.hf_config()
-    from trtbuild.stages.model import target_hf_config, text_config
+    from trtbuild.model_source import target_hf_config, text_config
 
     found = target_hf_config(recipe)
     return text_config(found[0]) if found else None

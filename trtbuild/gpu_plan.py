@@ -18,7 +18,7 @@ ONE_GPU_GB = 80.0
 def estimate_parameters(hf_config: dict[str, Any]) -> int:
     """Parameters of the language model from its config: dense Llama, or Llama 4's interleaved MoE
     (routed experts + shared expert + router on MoE layers, `intermediate_size_mlp` on dense ones)."""
-    from trtbuild.stages.model import text_config
+    from trtbuild.model_source import text_config
 
     text = text_config(hf_config)
     h, layers, vocab = text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]
@@ -101,7 +101,7 @@ def _quantize_step(recipe: Any, params: int) -> list[str]:
 
 def _checkpoint_quant(recipe: Any) -> str | None:
     """The checkpoint's quant_algo when the stand-in / config carries ModelOpt's quantization_config."""
-    from trtbuild.stages.model import target_hf_config
+    from trtbuild.model_source import target_hf_config
 
     found = target_hf_config(recipe)
     quant = found[0].get("quantization_config") if found else None
@@ -168,7 +168,7 @@ def _deploy_step(recipe: Any) -> list[str]:
 
 def plan_notes(recipe: Any) -> list[str]:
     """Lines for `trtbuild plan`: empty unless the target's weights are absent and a stand-in is used."""
-    from trtbuild.stages.model import hf_cache_dir, target_hf_config, text_config, uses_standin
+    from trtbuild.model_source import hf_cache_dir, target_hf_config, text_config, uses_standin
 
     if not uses_standin(recipe):
         return []

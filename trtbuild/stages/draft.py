@@ -75,9 +75,9 @@ class DraftStage(Stage):
             material["files"] = [[str(f.relative_to(directory)), f.stat().st_size, f.stat().st_mtime_ns]
                                  for f in files if f.is_file()]
         elif config.source == "hub":
-            from trtbuild.stages.model import _hub_snapshot_commit
+            from trtbuild.model_source import hub_snapshot_commit
 
-            material["commit"] = _hub_snapshot_commit(config.repo_id or "", config.revision)
+            material["commit"] = hub_snapshot_commit(config.repo_id or "", config.revision)
         return material
 
     def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
@@ -88,7 +88,7 @@ class DraftStage(Stage):
         try:
             draft_dir = self._loaded_dir(config, recipe)
         except UserError as exc:
-            from trtbuild.stages.model import uses_standin
+            from trtbuild.model_source import uses_standin
 
             # Without the target's weights (a stand-in speaks for it) the draft is absent too:
             # `plan` lists the download and `build` refuses at the model stage.
@@ -170,7 +170,7 @@ class DraftStage(Stage):
                                 fix="give an existing EAGLE-3 draft directory")
         else:
             directory = _hub_dir(config)
-        from trtbuild.stages.model import refuse_pickles
+        from trtbuild.model_source import refuse_pickles
 
         refuse_pickles(directory, _where(config))
         return directory
@@ -188,9 +188,9 @@ def _known_target_dir(recipe: Any) -> Path | None:
     if model.source == "path":
         directory = recipe.resolve_path(model.path)
         return directory if (directory / "config.json").is_file() else None
-    from trtbuild.stages.model import _hub_snapshot_commit, hf_cache_dir
+    from trtbuild.model_source import hf_cache_dir, hub_snapshot_commit
 
-    commit = _hub_snapshot_commit(model.repo_id or "", model.revision)
+    commit = hub_snapshot_commit(model.repo_id or "", model.revision)
     if commit is None:
         return None
     directory = hf_cache_dir() / ("models--" + model.repo_id.replace("/", "--")) / "snapshots" / commit

@@ -193,7 +193,7 @@ def _plugins(config: EngineConfig, recipe: Any) -> list[str]:
         return []
     out: list[str] = []
     quant_algo, _ = checkpoint_quant(recipe)
-    from trtbuild.stages.model import uses_standin
+    from trtbuild.model_source import uses_standin
 
     # A Hub target whose weights are not here yet: its quantization is checked at build time.
     unknown = quant_algo is None and getattr(recipe, "quantize", None) is None and uses_standin(recipe)

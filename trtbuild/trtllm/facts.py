@@ -83,7 +83,7 @@ def target_facts(recipe: Any) -> ModelFacts | None:
     if model.source == "tiny":
         return facts_from_config(_tiny_config(model.tiny), "model.tiny")
     if model.source in ("path", "hub"):
-        from trtbuild.stages.model import target_hf_config
+        from trtbuild.model_source import target_hf_config
 
         found = target_hf_config(recipe)  # the real config.json, else the recipe's stand-in
         return facts_from_config(*found) if found else None
