@@ -22,7 +22,7 @@ from trtbuild.contract import validate as contract_validate
 from trtbuild.contract.hf_config import rewrite_config
 from trtbuild.errors import BuildError, UserError
 from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
-from trtbuild.trtllm.checks import draft_len, has_draft
+from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
 from trtbuild.trtllm.llm_args import (
     CudaGraphConfig,

@@ -11,6 +11,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UserError
+from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, target_facts
 
 if TYPE_CHECKING:
@@ -38,18 +39,6 @@ def _line(field: str, message: str, fix: str) -> str:
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def has_draft(recipe: Any) -> bool:
-    draft = getattr(recipe, "draft", None)
-    return draft is not None and getattr(draft, "source", "train") != "none"
-
-
-def draft_len(config: EngineConfig, recipe: Any) -> int | None:
-    """Serve-time draft length: engine.draft_len, else the draft's max_draft_len; None without a draft."""
-    if not has_draft(recipe):
-        return None
-    return config.draft_len or getattr(recipe.draft, "max_draft_len", None) or 3
 
 
 def checkpoint_quant(recipe: Any) -> tuple[str | None, str | None]:

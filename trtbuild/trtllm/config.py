@@ -204,3 +204,15 @@ class EngineConfig(StageConfig):
             hint = f"did you mean '{guess[0]}'?" if guess else f"known: {', '.join(known)}"
             raise ValueError(f"'{unknown[0]}' is not an LLM() argument trtbuild knows; {hint}")
         return options
+
+
+def has_draft(recipe: Any) -> bool:
+    draft = getattr(recipe, "draft", None)
+    return draft is not None and getattr(draft, "source", "train") != "none"
+
+
+def draft_len(config: EngineConfig, recipe: Any) -> int | None:
+    """Serve-time draft length: engine.draft_len, else the draft's max_draft_len; None without a draft."""
+    if not has_draft(recipe):
+        return None
+    return config.draft_len or getattr(recipe.draft, "max_draft_len", None) or 3

@@ -92,7 +92,7 @@ def module_violations(bundle: Path, python_path: str, contract: Contract) -> lis
 def recipe_violations(config: EngineConfig, recipe: Any) -> list[Violation]:
     """What the bundle of this recipe would break, from the recipe alone (no files read but configs)."""
     from trtbuild.trtllm.bundle import build_options
-    from trtbuild.trtllm.checks import has_draft
+    from trtbuild.trtllm.config import has_draft
     from trtbuild.trtllm.facts import target_facts
 
     contract = load_contract(config.trtllm_version)
