@@ -99,7 +99,7 @@ def test_fp8_export_weights(fp8_export: Path) -> None:
                                          "recipes/llama-4-maverick-fp8-eagle3-tp8.yaml"])
 def test_engine_renders_gpu_recipes_for_11(recipe_path: str) -> None:
     from trtbuild.recipe import load_recipe
-    from trtbuild.trtllm.conformance import recipe_violations
+    from trtbuild.trtllm.recipe_conformance import recipe_violations
 
     root = Path(__file__).resolve().parents[1]
     recipe = load_recipe(root / recipe_path)

@@ -8,8 +8,10 @@ rebuilds it, and editing one it cannot reach does not. The closure is read from 
 - `import a.b.c` and `from a.b.c import x` reach `a.b.c`; `from a.b import c` reaches `a.b` and,
   when `c` is a module, `a.b.c`; relative imports are resolved against the importing module's package;
 - a string that spells a project module (`"trtbuild.runtime.target"`, as lazy `importlib` tables
-  write them) reaches it, and so does a string naming a sibling file (`"local_model.py"`, a source file
-  a module copies into an artifact).
+  write them) reaches it;
+- a string naming a sibling source file (`"local_model.py"`, which the deploy stage copies into its
+  artifact) puts that file's bytes in the version, but not its imports: they run in the server, not
+  in the stage.
 
 A package's `__init__` is reached when the package itself is imported (`from trtbuild.runtime import
 Generator`), not merely because one of its submodules is: `trtbuild/stages/__init__.py` (the registry
@@ -43,7 +45,7 @@ def module_files(root: Path = PROJECT_ROOT, package: str = PACKAGE) -> dict[str,
 def import_graph(root: Path = PROJECT_ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
     """Module -> the project modules it imports (see the module docstring for what counts)."""
     index = module_files(root, package)
-    return {name: _edges(name, file, index) for name, file in index.items()}
+    return {name: _edges(name, file, index)[0] for name, file in index.items()}
 
 
 def closure(module: str, root: Path = PROJECT_ROOT, package: str = PACKAGE) -> list[str]:
@@ -54,10 +56,11 @@ def closure(module: str, root: Path = PROJECT_ROOT, package: str = PACKAGE) -> l
     seen, todo = {module}, [module]
     while todo:
         current = todo.pop()
-        for target in _edges(current, index[current], index):
-            if target not in seen:
-                seen.add(target)
-                todo.append(target)
+        imports, files = _edges(current, index[current], index)
+        seen.update(files)  # copied as data: hashed, not followed
+        for target in imports - seen:
+            seen.add(target)
+            todo.append(target)
     return sorted(seen)
 
 
@@ -82,17 +85,17 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _edges(name: str, file: Path, index: dict[str, Path]) -> set[str]:
+def _edges(name: str, file: Path, index: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(modules `name` imports, modules whose source file it names as data)."""
     found = _references(*_stat_key(file), is_package=file.name == "__init__.py", module=name)
-    edges = set()
+    imports, files = set(), set()
     for ref in found:
         if ref.startswith("file:"):
             sibling = file.with_name(ref.removeprefix("file:"))
-            edges.update(n for n, f in index.items() if f == sibling)
+            files.update(n for n, f in index.items() if f == sibling)
         elif ref in index:
-            edges.add(ref)
-    edges.discard(name)
-    return edges
+            imports.add(ref)
+    return imports - {name}, files - {name}
 
 
 @cache

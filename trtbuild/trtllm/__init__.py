@@ -10,5 +10,6 @@ Modules:
     bundle      assembling the engine bundle directory (hard links, the GEMM-plugin module)
     plugin_module  the out-of-tree module TensorRT-LLM's server imports (conventions: trtbuild/contract)
     conformance the bundle and the recipe's rendered bundle against the release's contract
+    recipe_conformance  the bundle a recipe would write, rendered and checked before any build
     boundary    the only place that imports `tensorrt_llm`, lazily: the load check
 """

@@ -255,7 +255,7 @@ def _archs(config: EngineConfig, recipe: Any) -> list[str]:
 
 def _contract(config: EngineConfig, recipe: Any) -> list[str]:
     """The options YAML and launch command this recipe renders, against engine.trtllm_version."""
-    from trtbuild.trtllm.conformance import recipe_violations
+    from trtbuild.trtllm.recipe_conformance import recipe_violations
 
     return [f"engine.trtllm_version {config.trtllm_version}: {v.line()}" for v in recipe_violations(config, recipe)]
 

@@ -1,0 +1,142 @@
+"""A stage's code version covers every project module it imports, and nothing it does not.
+
+The edits are made in temporary copies, never in the package under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import trtbuild
+from trtbuild.code_version import closure, code_version
+
+PACKAGE_DIR = Path(trtbuild.__file__).resolve().parent
+REPO = PACKAGE_DIR.parent
+STAGES = ("model", "quantize", "draft", "engine", "deploy")
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    shutil.copytree(PACKAGE_DIR, tmp_path / "trtbuild", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def _versions(root: Path) -> dict[str, str]:
+    return {s: code_version(f"trtbuild.stages.{s}", root=root) for s in STAGES}
+
+
+def _edit(root: Path, module_path: str) -> None:
+    file = root / module_path
+    assert file.is_file(), module_path
+    file.write_text(file.read_text() + "\n# an edit\n")
+
+
+# Each edit and the stages whose own code it is (later stages change only through their inputs' keys).
+EDITS = [
+    ("trtbuild/eagle3/modelopt_compat.py", {"draft"}),  # shapes the exported draft
+    ("trtbuild/runtime/target.py", {"quantize", "draft"}),  # checks the FP8 export; measures tau
+    ("trtbuild/shell.py", {"engine", "deploy"}),  # writes every launch script
+    ("trtbuild/triton/local_model.py", {"deploy"}),  # copied into the local repository as model.py
+    ("trtbuild/triton/front.py", set()),  # serving, not building: no artifact depends on it
+    ("trtbuild/openai_api/app.py", set()),
+    ("trtbuild/cli.py", set()),
+]
+
+
+@pytest.mark.parametrize(("module_path", "owners"), EDITS, ids=[e[0].removeprefix("trtbuild/") for e in EDITS])
+def test_an_edit_changes_exactly_the_stages_that_import_the_module(tmp_path, module_path, owners):
+    root = _copy_package(tmp_path)
+    before = _versions(root)
+    assert before == _versions(REPO)  # the copy hashes like the package: paths are relative to the root
+    _edit(root, module_path)
+    after = _versions(root)
+    assert {s for s in STAGES if after[s] != before[s]} == owners
+
+
+def test_plan_keys_follow_the_code(tmp_path):
+    """End to end: `trtbuild plan` run from the copied package gives new keys from the owning stage on."""
+    root = _copy_package(tmp_path / "src")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((REPO / "recipes" / "tiny-cpu.yaml").read_text())
+
+    def keys() -> dict[str, str]:
+        env = {**os.environ, "PYTHONPATH": str(root), "TRTBUILD_CACHE": str(tmp_path / "cache")}
+        out = subprocess.run([sys.executable, "-m", "trtbuild.cli", "plan", str(recipe), "--json"], env=env,
+                             capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path).stdout
+        stages = json.loads(out)["stages"]
+        assert all(s["key"] for s in stages)
+        return {s["name"]: s["key"] for s in stages}
+
+    first = keys()
+    _edit(root, "trtbuild/triton/front.py")
+    assert keys() == first
+    _edit(root, "trtbuild/shell.py")
+    after = keys()
+    assert [s for s in STAGES if after[s] != first[s]] == ["engine", "deploy"]
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+# One module reached by each way a module can be reached; `unrelated` is reached by none.
+TOY = {
+    "pkg/__init__.py": "",
+    "pkg/stage.py": (
+        "from pkg.top import VALUE\n"
+        "from . import relative\n"
+        "from pkg import sub_by_from\n"
+        "LAZY = {'name': 'pkg.lazy'}\n"
+        "SOURCE = 'copied.py'\n"
+        "def run():\n"
+        "    import pkg.inside_function\n"
+        "    from .sub import parent_relative\n"
+        "    return VALUE\n"
+    ),
+    "pkg/top.py": "from pkg.deep import chain\nimport pkg.other.mod\nVALUE = 1\n",
+    "pkg/deep/__init__.py": "",
+    "pkg/deep/chain.py": "from ..leaf import x\n",  # a second hop, relative two levels up
+    "pkg/leaf.py": "x = 1\n",
+    "pkg/other/__init__.py": "",  # runs, but only `pkg.other.mod` is named: a package is reached when named
+    "pkg/other/mod.py": "",
+    "pkg/relative.py": "",
+    "pkg/sub_by_from.py": "",
+    "pkg/lazy.py": "",
+    "pkg/copied.py": "import pkg.only_from_copied\n",
+    "pkg/only_from_copied.py": "",
+    "pkg/inside_function.py": "",
+    "pkg/sub/__init__.py": "",
+    "pkg/sub/parent_relative.py": "",
+    "pkg/unrelated.py": "from pkg import stage\n",  # importing the stage does not make it part of it
+}
+REACHED = ["pkg", "pkg.copied", "pkg.deep", "pkg.deep.chain", "pkg.inside_function", "pkg.lazy", "pkg.leaf",
+           "pkg.other.mod", "pkg.relative", "pkg.stage", "pkg.sub", "pkg.sub.parent_relative", "pkg.sub_by_from",
+           "pkg.top"]
+
+
+def test_every_import_form_is_followed(tmp_path):
+    _write(tmp_path, TOY)
+    assert closure("pkg.stage", root=tmp_path, package="pkg") == REACHED
+    base = code_version("pkg.stage", root=tmp_path, package="pkg")
+    for name in REACHED:
+        file = tmp_path / (name.replace(".", "/") + ".py")
+        if not file.is_file():
+            file = tmp_path / name.replace(".", "/") / "__init__.py"
+        original = file.read_text()
+        file.write_text(original + "\n# edited\n")
+        assert code_version("pkg.stage", root=tmp_path, package="pkg") != base, f"{name} is left out"
+        file.write_text(original)
+        os.utime(file, ns=(0, 0))  # same bytes as before, and a new stat: the version is of the bytes
+        assert code_version("pkg.stage", root=tmp_path, package="pkg") == base
+    for name in ("unrelated", "only_from_copied", "other/__init__"):
+        _edit(tmp_path, f"pkg/{name}.py")
+        assert code_version("pkg.stage", root=tmp_path, package="pkg") == base, name

@@ -1,0 +1,53 @@
+"""The bundle a recipe would write, against its release's contract, before any build.
+
+`trtbuild validate` / `plan` / `build` render the options and the launch command from the recipe
+alone (the target's stand-in config for shapes) with the bundle's own code (trtllm/bundle.py), and
+check them with trtllm/conformance.py. Kept apart from both so that the bundle can use the
+conformance checks without the conformance checks importing the bundle back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.contract import Contract, Violation, load_contract
+from trtbuild.contract import validate as cv
+from trtbuild.trtllm.conformance import emitted_violations, serve_spec
+from trtbuild.trtllm.llm_args import LlmApiOptions
+
+if TYPE_CHECKING:
+    from trtbuild.trtllm.config import EngineConfig
+
+
+def recipe_violations(config: EngineConfig, recipe: Any) -> list[Violation]:
+    """What the bundle of this recipe would break, from the recipe alone (no files read but configs)."""
+    from trtbuild.trtllm.bundle import build_options
+    from trtbuild.trtllm.config import has_draft
+    from trtbuild.trtllm.facts import target_facts
+
+    contract = load_contract(config.trtllm_version)
+    options = build_options(config, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
+                            contract=contract)
+    spec = serve_spec(config, recipe, contract, served="target")
+    found = emitted_violations(options, spec, config, contract)
+    deploy = getattr(recipe, "deploy", None)
+    if deploy is not None and "trtllm" in deploy.target:
+        found += _llmapi_violations(config, deploy, options, contract)
+    return found
+
+
+def _llmapi_violations(config: EngineConfig, deploy: Any, options: LlmApiOptions,
+                       contract: Contract) -> list[Violation]:
+    """The Triton LLM-API model.yaml and config.pbtxt parameters the deploy stage would write."""
+    from trtbuild.triton.bundle_info import BundleInfo
+    from trtbuild.triton.repo_trtllm import llmapi_model_yaml
+
+    bundle = BundleInfo(root=Path("."), backend="pytorch", served="target", tokenizer="target", draft="draft",
+                        options=options, tensor_parallel=config.tensor_parallel,
+                        pipeline_parallel=config.pipeline_parallel, trtllm_version=contract.version)
+    name = deploy.model_name
+    model_yaml = llmapi_model_yaml(deploy, bundle, deploy.max_batch_size or config.max_batch_size)
+    params = {"gpu_device_ids": ""} if deploy.instance_count > 1 else {}
+    return (cv.check_model_yaml(model_yaml, contract, f"repo_trtllm/{name}/1/model.yaml")
+            + cv.check_triton_parameters(params, contract, f"repo_trtllm/{name}/config.pbtxt"))
