@@ -32,7 +32,7 @@ pytestmark = pytest.mark.trtllm11
 def test_two_releases_are_supported_and_the_default_is_the_triton_images() -> None:
     assert "1.1.0" in VERSIONS and len(VERSIONS) >= 2
     assert DEFAULT_VERSION == "1.1.0"
-    deploy_image = ROOT / "trtbuild" / "stages" / "deploy.py"
+    deploy_image = ROOT / "trtbuild" / "triton" / "config.py"
     assert "tritonserver:25.12-trtllm-python-py3" in deploy_image.read_text()
     assert load_contract("1.1.0").section("release")["triton_image"].endswith("25.12-trtllm-python-py3")
 

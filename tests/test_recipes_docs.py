@@ -29,7 +29,8 @@ def test_troubleshooting_covers_every_draft_compatibility_check():
 
 
 def test_troubleshooting_covers_the_model_and_deploy_preflight():
-    sources = [(ROOT / "trtbuild" / "stages" / name).read_text() for name in ("model.py", "deploy.py")]
+    sources = [(ROOT / "trtbuild" / name).read_text() for name in ("stages/model.py", "model_source.py",
+                                                                   "stages/deploy.py")]
     fields = {f for text in sources for f in re.findall(r'[\[(]f?"((?:model|deploy)\.[a-z_.]+):', text)}
     assert {"model.path", "model.repo_id", "model.standin_config", "deploy.max_batch_size"} <= fields
     missing = sorted(f for f in fields if f"`{f}`" not in TROUBLESHOOTING)
