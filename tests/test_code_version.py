@@ -140,3 +140,61 @@ def test_every_import_form_is_followed(tmp_path):
     for name in ("unrelated", "only_from_copied", "other/__init__"):
         _edit(tmp_path, f"pkg/{name}.py")
         assert code_version("pkg.stage", root=tmp_path, package="pkg") == base, name
+
+
+# Run in a fresh interpreter: wraps every stage's `run`, builds, and prints per stage the trtbuild
+# modules first imported while it ran.
+_DRIVER = """
+import json, sys
+from trtbuild.stages import all_stages
+loaded = {}
+for stage in all_stages():
+    cls = type(stage)
+    def run(self, config, ctx, _run=cls.run):
+        before = set(sys.modules)
+        try:
+            return _run(self, config, ctx)
+        finally:
+            loaded[self.name] = sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'trtbuild')
+    cls.run = run
+from trtbuild.cli import main
+try:
+    main(['build', sys.argv[1]])
+finally:
+    print('LOADED ' + json.dumps(loaded))
+"""
+
+SMALL_PIPELINE = """
+quantize:
+  kv_cache: none
+  calibration: {num_samples: 8, seq_len: 32, batch_size: 4}
+  gate: {max_perplexity_ratio: 1.5, eval_samples: 4, seq_len: 32}
+draft:
+  source: ngram
+  max_draft_len: 3
+  eval: {prompts: 2, prompt_len: 16, new_tokens: 8}
+engine: {}
+deploy: {target: [local, trtllm]}
+"""
+
+
+@pytest.mark.slow
+def test_every_module_a_stage_imports_while_it_runs_is_in_its_code_version(tmp_path):
+    """What a real build imports, stage by stage, against the closure its key hashes."""
+    from quantize_fixtures import make_model_dir
+
+    model_dir = make_model_dir(tmp_path / "model", train_steps=5) / "hf"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: closure\noutput_dir: out\nmodel:\n  source: path\n  path: {model_dir}\n"
+                      + SMALL_PIPELINE)
+    env = {**os.environ, "TRTBUILD_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", _DRIVER, str(recipe)], env=env, capture_output=True, text=True,
+                          timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("LOADED "))
+    loaded = json.loads(line.removeprefix("LOADED "))
+    assert sorted(loaded) == sorted(STAGES)
+    assert "trtbuild.eagle3.evaluate" in loaded["draft"] and "trtbuild.triton.deploy" in loaded["deploy"]
+    for stage, modules in loaded.items():
+        missing = sorted(set(modules) - set(closure(f"trtbuild.stages.{stage}")))
+        assert not missing, f"{stage} imported {missing} while it ran, and its code version leaves them out"
