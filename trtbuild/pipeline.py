@@ -110,7 +110,7 @@ def plan(recipe: Any, cache: ArtifactCache, *, until: str | None = None,
                 raise UserError(f"stage '{name}' needs the '{dep}' stage", field=dep,
                                 fix=f"add a `{dep}:` section to the recipe")
             inputs[dep] = upstream.key
-        for dep in getattr(stage, "optional_inputs", ()):
+        for dep in stage.optional_inputs:
             upstream = planned.get(dep)
             if upstream is not None and upstream.key is not None:
                 inputs[dep] = upstream.key

@@ -1,8 +1,8 @@
 """Cross-stage checks run by `validate`, `plan` and `build` before any work.
 
-Each stage may define `preflight(config, recipe) -> list[str]`, and trtbuild.crosschecks adds the
-rules that span sections; every problem is one line `field: message (fix: ...)`. All problems are
-collected; the first is raised as a UserError at the file and line where its field is written (the
+Each stage's `preflight(config, recipe) -> list[str]` (declared on trtbuild.stages.base.Stage), and
+trtbuild.crosschecks adds the rules that span sections; every problem is one line
+`field: message (fix: ...)`. All problems are collected; the first is raised as a UserError at the file and line where its field is written (the
 field's section, or the recipe's first line, when the field itself is not written), the others are
 appended so a user sees every mismatch at once.
 """
@@ -23,9 +23,8 @@ def problems(recipe: Any) -> list[str]:
     found: list[str] = []
     for stage in all_stages():
         config = recipe.stage_config(stage.name)
-        check = getattr(stage, "preflight", None)
-        if config is not None and check is not None:
-            found.extend(check(config, recipe))
+        if config is not None:
+            found.extend(stage.preflight(config, recipe))
     found.extend(p for p in crosschecks.problems(recipe) if p not in found)
     return found
 

@@ -24,12 +24,18 @@ class Stage:
     config_cls: ClassVar[type[StageConfig]]
     # Earlier stages whose artifacts this one reads (their keys are part of this stage's key).
     depends_on: ClassVar[tuple[str, ...]] = ()
+    # Earlier stages whose artifacts this one reads when the recipe has them (their keys join this key).
+    optional_inputs: ClassVar[tuple[str, ...]] = ()
     # Python distributions whose installed versions are part of the key.
     libraries: ClassVar[tuple[str, ...]] = ()
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         """Extra facts outside the config that change the artifact (e.g. a local model's files)."""
         return {}
+
+    def preflight(self, config: StageConfig, recipe: Any) -> list[str]:
+        """Cheap checks before any work, one line `field: message (fix: ...)` per problem (trtbuild/preflight.py)."""
+        return []
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         raise NotImplementedError
