@@ -2,9 +2,9 @@
 
 Each stage's `preflight(config, recipe) -> list[str]` (declared on trtbuild.stages.base.Stage), and
 trtbuild.crosschecks adds the rules that span sections; every problem is one line
-`field: message (fix: ...)`. All problems are collected; the first is raised as a UserError at the file and line where its field is written (the
-field's section, or the recipe's first line, when the field itself is not written), the others are
-appended so a user sees every mismatch at once.
+`field: message (fix: ...)`. All problems are collected; the first is raised as a UserError at the
+file and line where its field is written (the field's section, or the recipe's first line, when the
+field itself is not written), the others are appended so a user sees every mismatch at once.
 """
 
 from __future__ import annotations
