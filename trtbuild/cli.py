@@ -232,13 +232,14 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
                                   echo=click.echo if not as_json else lambda _: None,
                                   progress=Progress.for_terminal(enabled=not as_json))
     else:
+        from trtbuild.layout import DRAFT_EAGLE3, served_checkpoint
         from trtbuild.progress import Progress
         from trtbuild.runtime.bench import BenchConfig, run_bench
 
         loaded, artifacts = _built(recipe, overrides, "draft", not as_json)
-        eagle3 = artifacts["draft"] / "eagle3" if "draft" in artifacts else None
+        eagle3 = artifacts["draft"] / DRAFT_EAGLE3 if "draft" in artifacts else None
         draft_dir = eagle3 if eagle3 is not None and eagle3.is_dir() else None  # none: plain vs n-gram
-        target = artifacts["quantize"] / "hf" if "quantize" in artifacts else artifacts["model"] / "hf"
+        target = served_checkpoint(artifacts)
         draft = getattr(loaded, "draft", None)
         config = loaded.bench or BenchConfig(max_draft_len=draft.max_draft_len if draft else 3)
         out = _bench_dir(loaded) / "bench.json"

@@ -20,6 +20,7 @@ from typing import Any
 
 from trtbuild.eagle3.config import DraftConfig, DraftEval, DraftGate
 from trtbuild.errors import BuildError, UserError
+from trtbuild.layout import DRAFT_EAGLE3, MODEL_HF
 from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 
 __all__ = ["DraftConfig", "DraftEval", "DraftGate", "DraftStage", "resume_dir"]
@@ -110,8 +111,8 @@ class DraftStage(Stage):
         if config.source == "ngram":
             return self._ngram(config, ctx)
         model_artifact = ctx.input("model")
-        target_dir = model_artifact.path / "hf"
-        out = ctx.out_dir / "eagle3"
+        target_dir = model_artifact.path / MODEL_HF
+        out = ctx.out_dir / DRAFT_EAGLE3
         info: dict[str, Any] = {
             "source": config.source,
             "target": {"stage": "model", "key": model_artifact.key, "quantized": False,
@@ -157,7 +158,7 @@ class DraftStage(Stage):
         (ctx.out_dir / "ngram.json").write_text(json.dumps(
             {"decoding_type": "NGram", "max_draft_len": config.max_draft_len,
              "max_matching_ngram_size": config.max_matching_ngram_size}, indent=2) + "\n")
-        metrics.update(_evaluate(config, ctx, ctx.input("model").path / "hf", None))
+        metrics.update(_evaluate(config, ctx, ctx.input("model").path / MODEL_HF, None))
         _gate(config, metrics, _seeds(config, ctx.recipe))
         return StageResult(metrics=metrics, info={"source": "ngram", "draft": None})
 

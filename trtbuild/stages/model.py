@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import UserError
+from trtbuild.layout import MODEL_HF
 from trtbuild.model_source import (
     ModelConfig,
     check_hf_directory,
@@ -95,7 +96,7 @@ class ModelStage(Stage):
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         assert isinstance(config, ModelConfig)
-        hf_dir = ctx.out_dir / "hf"
+        hf_dir = ctx.out_dir / MODEL_HF
         if config.source == "tiny":
             from trtbuild.tiny import build_tiny_model
 

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 
 from trtbuild.data.sources import TextSource
 from trtbuild.errors import BuildError, UserError
+from trtbuild.layout import MODEL_HF, QUANTIZED_HF
 from trtbuild.progress import Progress
 from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 
@@ -120,7 +121,7 @@ class QuantizeStage(Stage):
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         assert isinstance(config, QuantizeConfig)
-        return run_quantize(config, ctx.input("model").path / "hf", ctx.out_dir, progress=ctx.progress,
+        return run_quantize(config, ctx.input("model").path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
                             base_dir=_base_dir(ctx.recipe))
 
 
@@ -192,7 +193,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         reference_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
     summary = modelopt_fp8.quantizer_summary(model)
 
-    export_dir = out_dir / "hf"
+    export_dir = out_dir / QUANTIZED_HF
     export_dir.mkdir(parents=True)
     modelopt_fp8.export_hf(model, export_dir)
     tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, export_dir)

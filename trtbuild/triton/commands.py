@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import UserError
+from trtbuild.layout import BUNDLE
 from trtbuild.triton.deploy import read_deployment
 
 
@@ -176,7 +177,7 @@ def bench_openai(deploy_dir: Path, base_url: str, *, concurrency: Sequence[int] 
         raise UserError(f"no OpenAI model list at {base_url}/models ({exc})", field="--server",
                         fix="start the server first (trtbuild serve RECIPE) or use --server local") from None
     model = str(models[0]["id"])
-    tokenizer = deploy_dir / "bundle" / read_bundle(deploy_dir / "bundle").tokenizer
+    tokenizer = deploy_dir / BUNDLE / read_bundle(deploy_dir / BUNDLE).tokenizer
     prompts = list(prompts or default_prompts(32))
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="trtbuild-bench-"))
     report = aiperf.profile(base_url[: -len("/v1")], model, tokenizer, prompts, concurrency, max_tokens=max_tokens,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UserError
+from trtbuild.layout import BUNDLE
 from trtbuild.triton import launch
 from trtbuild.triton.bundle_info import BundleInfo, read_bundle
 from trtbuild.triton.pbtxt import check_repository
@@ -34,7 +35,7 @@ def resolve_batch_size(config: DeployConfig, bundle: BundleInfo) -> int:
 
 def link_bundle(out_dir: Path, bundle_root: Path) -> Path:
     """`<out>/bundle` -> the engine artifact's bundle, relative (the cache can move as a whole)."""
-    link = out_dir / "bundle"
+    link = out_dir / BUNDLE
     link.symlink_to(os.path.relpath(bundle_root.resolve(), out_dir.resolve()), target_is_directory=True)
     return link
 
@@ -42,7 +43,7 @@ def link_bundle(out_dir: Path, bundle_root: Path) -> Path:
 def build_deployment(config: DeployConfig, ctx: StageContext) -> StageResult:
     from trtbuild.stage_api import StageResult
 
-    bundle_root = ctx.input("engine").path / "bundle"
+    bundle_root = ctx.input("engine").path / BUNDLE
     bundle = read_bundle(bundle_root)
     max_batch_size = resolve_batch_size(config, bundle)
     out = ctx.out_dir
@@ -55,7 +56,7 @@ def build_deployment(config: DeployConfig, ctx: StageContext) -> StageResult:
 
     description: dict[str, Any] = {
         "format": DEPLOY_FORMAT, "model_name": config.model_name, "targets": list(config.target),
-        "bundle": "bundle", "backend": bundle.backend, "max_batch_size": max_batch_size,
+        "bundle": BUNDLE, "backend": bundle.backend, "max_batch_size": max_batch_size,
         "max_draft_len": bundle.max_draft_len, "decoupled": config.decoupled,
         "ports": {"http": config.http_port, "grpc": config.grpc_port, "metrics": config.metrics_port,
                   "openai": config.openai_port},

@@ -21,6 +21,7 @@ from trtbuild.contract import Contract, load_contract
 from trtbuild.contract import validate as contract_validate
 from trtbuild.contract.hf_config import rewrite_config
 from trtbuild.errors import BuildError, UserError
+from trtbuild.layout import BUNDLE, DRAFT_EAGLE3, MODEL_HF, QUANTIZED_HF, served_checkpoint
 from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
 from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
@@ -116,17 +117,15 @@ class Inputs:
 
 
 def resolve_inputs(config: EngineConfig, ctx: StageContext) -> Inputs:
-    model_hf = ctx.input("model").path / "hf"
-    target, quantized = model_hf, False
-    if "quantize" in ctx.inputs:
-        q = ctx.inputs["quantize"].path
-        if not (q / "hf").is_dir():
-            raise BuildError(f"the quantize artifact {q} has no hf/ export", field="quantize",
-                             fix="rebuild the quantize stage (trtbuild quantize RECIPE --force quantize)")
-        target, quantized = q / "hf", True
+    model_hf = ctx.input("model").path / MODEL_HF
+    target = served_checkpoint({name: artifact.path for name, artifact in ctx.inputs.items()})
+    quantized = "quantize" in ctx.inputs
+    if quantized and not target.is_dir():
+        raise BuildError(f"the quantize artifact {target.parent} has no {QUANTIZED_HF}/ export", field="quantize",
+                         fix="rebuild the quantize stage (trtbuild quantize RECIPE --force quantize)")
     draft = None
     if "draft" in ctx.inputs and has_draft(ctx.recipe):
-        candidate = ctx.inputs["draft"].path / "eagle3"
+        candidate = ctx.inputs["draft"].path / DRAFT_EAGLE3
         draft = candidate if candidate.is_dir() else None
     return Inputs(model_hf, target, quantized, draft)
 
@@ -319,7 +318,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         progress.log("engine: tensorrt_llm is not importable here; writing the bundle without the "
                      "TensorRT-LLM build / load check")
     inputs = resolve_inputs(config, ctx)
-    bundle = ctx.out_dir / "bundle"
+    bundle = ctx.out_dir / BUNDLE
     bundle.mkdir(parents=True)
     stats = LinkStats()
     model_facts = facts_from_dir(inputs.model_hf.resolve())
