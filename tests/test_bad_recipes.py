@@ -297,7 +297,6 @@ def _write(root: Path, files: dict[str, str] | str) -> tuple[Path, int]:
 
 @pytest.mark.parametrize("case_id,files,args,fragment", CASES, ids=[c[0] for c in CASES])
 def test_bad_recipe(tmp_path, monkeypatch, capsys, case_id, files, args, fragment):
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.chdir(tmp_path)
     file, line = _write(tmp_path, files)
@@ -323,7 +322,6 @@ def test_at_least_150_distinct_rules():
     (["--set", "model.tiny.steps=true"], "boolean, not a number"),
 ])
 def test_bad_overrides(tmp_path, capsys, monkeypatch, args, fragment):
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     (tmp_path / "r.yaml").write_text(BASE)
     with pytest.raises(SystemExit) as exit_info:
         main(["validate", str(tmp_path / "r.yaml"), *args])
@@ -335,7 +333,6 @@ def test_bad_overrides(tmp_path, capsys, monkeypatch, args, fragment):
 def test_unreadable_recipes_are_refused_without_reading(tmp_path, capsys, monkeypatch, kind):
     import os
 
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     target = tmp_path / "r.yaml"
     if kind == "fifo":
         os.mkfifo(target)  # nobody writes to it: reading it would hang

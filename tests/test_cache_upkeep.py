@@ -16,9 +16,8 @@ from trtbuild.cli import main
 
 
 @pytest.fixture()
-def store(tmp_path, monkeypatch) -> ArtifactCache:
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
-    return ArtifactCache(tmp_path / "cache")
+def store(isolated_cache) -> ArtifactCache:
+    return ArtifactCache(isolated_cache)
 
 
 def _entry(store: ArtifactCache, stage: str, key: str, files: dict[str, bytes], recipe: str = "r"):

@@ -40,11 +40,6 @@ def model_artifact(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
     return Artifact("model", "model-key", root)
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
-
-
 def _run(config: DraftConfig, model: Artifact, out: Path, progress: Progress | None = None):  # type: ignore[no-untyped-def]
     out.mkdir(parents=True)
     ctx = StageContext(recipe=_Recipe(out.parent), inputs={"model": model}, out_dir=out,

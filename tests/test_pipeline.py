@@ -25,10 +25,8 @@ def small_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture()
-def cache_dir(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("TRTBUILD_CACHE", str(root))
-    return root
+def cache_dir(isolated_cache) -> Path:
+    return isolated_cache
 
 
 def _recipe(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:

@@ -85,7 +85,6 @@ def test_planted_secret_is_a_reference_everywhere(tmp_path: Path, sources: dict[
     from trtbuild.cache import ArtifactCache
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text("name: secret\nmodel: {source: tiny}\nengine:\n  env:\n"
                            "    HF_TOKEN: ${env:HF_TOKEN}\n    AUTH: 'Bearer ${env:HF_TOKEN}'\n"

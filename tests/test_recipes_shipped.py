@@ -23,7 +23,6 @@ GPU_RECIPES = [p for p in SHIPPED if "standin_config" in p.read_text()]
 
 @pytest.fixture(autouse=True)
 def _empty_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
     monkeypatch.delenv("HF_HOME", raising=False)
 

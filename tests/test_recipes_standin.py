@@ -16,7 +16,6 @@ MAVERICK = RECIPES_DIR / "standins" / "llama-4-maverick-17b-128e" / "config.json
 
 @pytest.fixture(autouse=True)
 def _empty_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
 
 

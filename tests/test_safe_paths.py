@@ -38,7 +38,6 @@ def test_output_dirs_holding_the_recipe_are_refused(tmp_path, capsys, output_dir
 
 
 def test_output_dir_inside_the_cache_is_refused(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: ok\noutput_dir: {tmp_path / 'cache' / 'x'}\nmodel: {{source: tiny}}\n")
     code, err = _validate(recipe, capsys)
@@ -47,7 +46,6 @@ def test_output_dir_inside_the_cache_is_refused(tmp_path, capsys, monkeypatch):
 
 def test_clean_refuses_a_directory_trtbuild_did_not_make(tmp_path, capsys, monkeypatch):
     """The attack of the finding: a recipe whose output dir is someone else's directory."""
-    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
     victim = tmp_path / "victim"
     (victim / "model").mkdir(parents=True)
     (victim / "model" / "precious.txt").write_text("keep me")
@@ -63,7 +61,6 @@ def test_clean_refuses_a_directory_trtbuild_did_not_make(tmp_path, capsys, monke
 
 def test_clean_removes_only_what_a_build_wrote(tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
-    monkeypatch.setenv("TRTBUILD_CACHE", str(cache))
     entry = cache / "model" / "k1"
     entry.mkdir(parents=True)
     (entry / "weights").write_text("w")
