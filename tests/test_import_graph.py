@@ -106,3 +106,11 @@ def test_the_code_version_graph_has_every_import_edge():
     theirs = import_graph()
     missing = {name: sorted(targets - theirs.get(name, set())) for name, targets in _graph().items()}
     assert {name: targets for name, targets in missing.items() if targets} == {}
+
+
+def test_the_openai_front_takes_plain_inputs():
+    """openai_api/ serves what it is given; reading a deploy artifact (triton/) is the serve command's job."""
+    graph = _graph()
+    reaching = {name: sorted(t for t in targets if t.startswith("trtbuild.triton"))
+                for name, targets in graph.items() if name.startswith("trtbuild.openai_api")}
+    assert {name: targets for name, targets in reaching.items() if targets} == {}

@@ -8,34 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import UserError
 from trtbuild.openai_api.app import FrontConfig, create_app
-from trtbuild.openai_api.text import PromptText
 
 HOST = "127.0.0.1"
-
-
-def front_config(model_dir: Path, triton_http: str, model_id: str | None = None) -> FrontConfig:
-    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt."""
-    from transformers import AutoTokenizer
-
-    from trtbuild.triton.pbtxt import parameters_of, parse_config
-
-    params = parameters_of(parse_config(model_dir / "config.pbtxt"))
-    tokenizer_dir = (model_dir / params["tokenizer_dir"]).resolve()
-    if not tokenizer_dir.is_dir():
-        raise UserError(f"tokenizer directory not found: {tokenizer_dir}", file=str(model_dir / "config.pbtxt"),
-                        field="tokenizer_dir", fix="rebuild the deployment (trtbuild deploy RECIPE --force deploy)")
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    eos = tokenizer.eos_token_id
-    base = triton_http if triton_http.startswith("http") else f"http://{triton_http}"
-    return FrontConfig(model_id=model_id or model_dir.name, triton_url=base, triton_model=model_dir.name,
-                       prompts=PromptText(tokenizer, params.get("add_special_tokens") == "true"),
-                       default_max_tokens=int(params["default_max_tokens"]),
-                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []))
 
 
 class OpenAIFront:

@@ -10,11 +10,14 @@ import contextlib
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UserError
 from trtbuild.layout import BUNDLE
 from trtbuild.triton.deploy import read_deployment
+
+if TYPE_CHECKING:
+    from trtbuild.openai_api.app import FrontConfig
 
 
 def local_model_dir(deploy_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -27,13 +30,35 @@ def local_model_dir(deploy_dir: Path) -> tuple[Path, dict[str, Any]]:
     return deploy_dir / local["repository"] / local["model"], info
 
 
+def front_config(model_dir: Path, triton_http: str, model_id: str | None = None) -> FrontConfig:
+    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt."""
+    from transformers import AutoTokenizer
+
+    from trtbuild.openai_api.app import FrontConfig
+    from trtbuild.openai_api.text import PromptText
+    from trtbuild.triton.pbtxt import parameters_of, parse_config
+
+    params = parameters_of(parse_config(model_dir / "config.pbtxt"))
+    tokenizer_dir = (model_dir / params["tokenizer_dir"]).resolve()
+    if not tokenizer_dir.is_dir():
+        raise UserError(f"tokenizer directory not found: {tokenizer_dir}", file=str(model_dir / "config.pbtxt"),
+                        field="tokenizer_dir", fix="rebuild the deployment (trtbuild deploy RECIPE --force deploy)")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    eos = tokenizer.eos_token_id
+    base = triton_http if triton_http.startswith("http") else f"http://{triton_http}"
+    return FrontConfig(model_id=model_id or model_dir.name, triton_url=base, triton_model=model_dir.name,
+                       prompts=PromptText(tokenizer, params.get("add_special_tokens") == "true"),
+                       default_max_tokens=int(params["default_max_tokens"]),
+                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []))
+
+
 def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
                  ) -> Callable[[Any], contextlib.AbstractContextManager[list[str]]]:
     """For `serve(attach=...)`: the OpenAI-compatible API in front of the started Triton server."""
 
     @contextlib.contextmanager
     def attach(endpoints: Any) -> Iterator[list[str]]:
-        from trtbuild.openai_api.runner import OpenAIFront, front_config
+        from trtbuild.openai_api.runner import OpenAIFront
 
         config = front_config(model_dir, endpoints.http)
         with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
