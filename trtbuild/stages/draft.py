@@ -12,7 +12,6 @@ length tau measured with the project's runtime on held-out text.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import shutil
 from pathlib import Path
@@ -45,11 +44,11 @@ def resume_dir(config: DraftConfig, target_key: str) -> Path:
     """Where an interrupted training keeps its checkpoints: outside the stage's temp dir, keyed by
     everything that shapes the training (config, target artifact, training code)."""
     from trtbuild.cache import default_root
-    from trtbuild.eagle3 import data, model, train
+    from trtbuild.code_version import code_version
 
     training = config.model_dump(mode="json", exclude={"eval", "gate", "compat_ignore", "export_dtype",
                                                         "path", "repo_id", "revision"})
-    code = "".join(inspect.getsource(m) for m in (data, model, train))
+    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("data", "model", "train")]  # and what they import
     digest = hashlib.sha256(json.dumps([training, target_key, code], sort_keys=True).encode()).hexdigest()
     return default_root() / "resume" / f"draft-{digest[:16]}"
 
