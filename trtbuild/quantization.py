@@ -1,0 +1,254 @@
+"""FP8 post-training quantization with ModelOpt, an accuracy gate, and the export (the quantize stage's work).
+
+Steps: load the model stage's HF dir; perplexity of the unquantized model on the eval split;
+`mtq.quantize` (FP8 E4M3 per-tensor weights and activations, optional FP8 KV cache) calibrated on
+the calibration split; perplexity of the fake-quantized model, computed the same way; the gate
+(ratio over `max_perplexity_ratio` fails the build before anything is exported); the export
+(ModelOpt's unified HF checkpoint, what TensorRT-LLM's PyTorch backend loads); and an independent
+check that the
+project's runtime, loading the exported FP8 safetensors, reproduces ModelOpt's fake-quant logits.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from trtbuild.data.sources import TextSource
+from trtbuild.errors import BuildError, UserError
+from trtbuild.layout import QUANTIZED_HF
+from trtbuild.progress import Progress
+from trtbuild.stage_api import StageConfig, StageResult
+
+# How closely the runtime's logits on the export must follow ModelOpt's fake-quant model, measured
+# against the size of the quantization effect itself: per position p,
+#     noise(p) = rms_p(runtime - fake_quant) / rms(fake_quant - base)
+# on the first CHECK_WINDOWS eval windows. Both sides do the same FP8 arithmetic and differ only in
+# float rounding order (the runtime folds the input scale into the weight). At most positions that
+# leaves float32 noise (median 1.4e-5 on the tiny target); now and then an activation that sits
+# on an FP8 rounding boundary rounds the other way and that position drifts further (0.49 of the
+# quantization effect at the worst of 1024 positions; 0.03 in the RMS over all). A loader or
+# export error moves every position: one weight_scale off by 10 % gave 0.36 to 0.45, off by 50 %
+# gave 5 to 8.5. So the check bounds the median position, where rounding flips cannot reach but a
+# wrong number always does; cosine and argmax agreement guard grossly wrong logits.
+CHECK_MAX_MEDIAN_NOISE = 0.1
+CHECK_MIN_COSINE = 0.999
+CHECK_MIN_ARGMAX = 0.95
+CHECK_WINDOWS = 4
+
+
+class CalibrationConfig(StageConfig):
+    dataset: TextSource = Field(default_factory=lambda: TextSource(kind="pydoc"),
+                                description="Calibration text: `pydoc` (train split), a .txt/.jsonl path, "
+                                "or {hf: name, ...} from the local Hugging Face cache.")
+    num_samples: int = Field(default=128, gt=0, le=10**7, description="Token windows fed through the model.")
+    seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per calibration window.")
+    batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the window sampling (deterministic).")
+
+
+class GateConfig(StageConfig):
+    max_perplexity_ratio: float = Field(default=1.02, gt=0, le=1000,
+                                        description="Fail the build when FP8 perplexity / base perplexity "
+                                        "on the eval split exceeds this.")
+    eval_dataset: TextSource = Field(default_factory=lambda: TextSource(kind="pydoc"),
+                                     description="Evaluation text: `pydoc` uses its held-out split.")
+    eval_samples: int | None = Field(default=None, gt=0, le=10**7,
+                                     description="Consecutive windows of the eval text to score "
+                                     "(default: all of it).")
+    seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per evaluation window.")
+    batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass during evaluation.")
+
+
+class QuantizeConfig(StageConfig):
+    format: Literal["fp8"] = Field(default="fp8",
+                                   description="fp8: per-tensor FP8 E4M3 weights and activations "
+                                   "(ModelOpt's FP8_DEFAULT_CFG, max calibration).")
+    kv_cache: Literal["fp8", "none"] = Field(default="fp8",
+                                             description="Quantize the KV cache to FP8 (k/v scales "
+                                             "calibrated and exported) or leave it in model precision.")
+    exclude: list[str] = Field(default_factory=lambda: ["lm_head"],
+                               description="Glob patterns of linear module names to keep unquantized; "
+                               "`p` matches a name equal to p or ending in `.p`.")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig,
+                                           description="Calibration data and batching.")
+    export: Literal["hf"] = Field(
+        default="hf", description="hf: ModelOpt's unified Hugging Face checkpoint, which TensorRT-LLM's PyTorch "
+        "backend loads (the legacy trtllm_checkpoint export fed only the removed TensorRT-engine backend).")
+    gate: GateConfig = Field(default_factory=GateConfig, description="The accuracy gate.")
+    check_export: bool = Field(default=True,
+                               description="Load the export with trtbuild.runtime and compare its logits "
+                               "with ModelOpt's fake-quantized model.")
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _removed_export(cls, value: Any) -> Any:
+        if value == "trtllm_checkpoint":
+            raise ValueError("trtllm_checkpoint fed only TensorRT-LLM's TensorRT-engine backend, which upstream "
+                             "removed and trtbuild no longer builds; use export: hf")
+        return value
+
+    @field_validator("exclude")
+    @classmethod
+    def _non_empty_patterns(cls, patterns: list[str]) -> list[str]:
+        if any(not p.strip() for p in patterns):
+            raise ValueError("exclude patterns must not be empty")
+        return patterns
+
+
+def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
+                 base_dir: Path | None = None) -> StageResult:
+    """The whole stage on an HF model dir; writes `out_dir/hf`. Raises on the gate."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from trtbuild import evaluation, modelopt_fp8
+
+    progress = progress or Progress()
+    hf_logging.disable_progress_bar()  # transformers' tqdm bars would fight the stage's progress
+    model_dir = model_dir.resolve()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", use_safetensors=True).to(device).eval()
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
+                           ("quantize.gate.seq_len", config.gate.seq_len)):
+        if max_positions and seq_len > max_positions:
+            raise UserError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {max_positions}",
+                            field=field, fix=f"use seq_len <= {max_positions}")
+    excluded = modelopt_fp8.resolve_excludes(model, config.exclude)
+
+    cal_windows, eval_windows = token_data(config, tokenizer, base_dir)
+    cal, gate = config.calibration, config.gate
+
+    def ppl(lm: Any, description: str) -> evaluation.Perplexity:
+        return evaluation.perplexity(evaluation.hf_logits(lm), eval_windows, batch_size=gate.batch_size,
+                                     progress=progress, description=description)
+
+    base = ppl(model, "perplexity (base)")
+    check_ids = eval_windows[:CHECK_WINDOWS]
+    with torch.no_grad():
+        base_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
+
+    started = time.perf_counter()
+    qcfg = modelopt_fp8.quant_config(kv_cache=config.kv_cache == "fp8", excluded=excluded)
+    modelopt_fp8.calibrate(model, qcfg, cal_windows, batch_size=cal.batch_size, progress=progress)
+    calibration_seconds = time.perf_counter() - started
+
+    quantized = ppl(model, "perplexity (fp8)")
+    ratio = quantized.value / base.value
+    metrics: dict[str, Any] = {
+        "perplexity_base": base.value,
+        "perplexity_quantized": quantized.value,
+        "perplexity_ratio": ratio,
+        "max_perplexity_ratio": gate.max_perplexity_ratio,
+        "eval_samples": int(eval_windows.shape[0]),
+        "eval_tokens": base.tokens,
+        "calibration_samples": int(cal_windows.shape[0]),
+        "calibration_tokens": int(cal_windows.numel()),
+        "calibration_seconds": calibration_seconds,
+    }
+    if ratio > gate.max_perplexity_ratio:
+        error = BuildError(
+            f"FP8 accuracy gate failed: perplexity {quantized.value:.4f} quantized vs {base.value:.4f} base "
+            f"on {gate.eval_dataset.describe()} (ratio {ratio:.6f} > max_perplexity_ratio "
+            f"{gate.max_perplexity_ratio})", field="quantize.gate.max_perplexity_ratio",
+            fix="exclude sensitive layers (quantize.exclude), calibrate on closer data, or relax the gate")
+        error.metrics = metrics  # type: ignore[attr-defined]  # reported by `build --json`
+        raise error
+
+    # The export packs weights in place; keep the fake-quant logits the runtime check compares to.
+    with torch.no_grad():
+        reference_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
+    summary = modelopt_fp8.quantizer_summary(model)
+
+    export_dir = out_dir / QUANTIZED_HF
+    export_dir.mkdir(parents=True)
+    modelopt_fp8.export_hf(model, export_dir)
+    tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, export_dir)
+    dtype = model.dtype
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    metrics.update({
+        "weight_bytes_base": modelopt_fp8.weight_bytes(model_dir),
+        "weight_bytes_quantized": modelopt_fp8.weight_bytes(export_dir),
+        "quantized_linears": len(summary["quantized"]),
+        "unquantized_linears": len(summary["unquantized"]),
+        "export_format": config.export,
+        "device": device,
+    })
+    metrics["weight_bytes_ratio"] = metrics["weight_bytes_quantized"] / metrics["weight_bytes_base"]
+    if config.check_export:
+        metrics.update(check_export(export_dir, check_ids, reference_logits, base_logits, device=device,
+                                    dtype=dtype))
+
+    info = {"excluded_modules": excluded, "unquantized_linears": summary["unquantized"],
+            "tokenizer_files": tokenizer_files, "calibration_dataset": cal.dataset.describe(),
+            "eval_dataset": gate.eval_dataset.describe(), "export_dir": export_dir.name}
+    return StageResult(metrics=metrics, info=info)
+
+
+def token_data(config: QuantizeConfig, tokenizer: Any, base_dir: Path | None) -> tuple[Any, Any]:
+    """(calibration windows, eval windows), both LongTensor [N, T] starting with BOS; paragraphs of
+    one document are joined as text, separate records by EOS (`sources.joiner`).
+
+    BOS first, as text reaches the model at inference: its large first-position activations
+    belong in the calibrated ranges, and the gate scores what users will see.
+    """
+    from trtbuild.data import sources
+
+    cal, gate = config.calibration, config.gate
+    cal_texts = sources.load_texts(cal.dataset, "train", tokenizer=tokenizer, base_dir=base_dir)
+    cal_windows = sources.token_windows(tokenizer, cal_texts, cal.num_samples, cal.seq_len, cal.seed,
+                                        bos=True, separator=sources.joiner(cal.dataset, base_dir))
+    eval_texts = sources.load_texts(gate.eval_dataset, "eval", tokenizer=tokenizer, base_dir=base_dir)
+    eval_windows = sources.sequential_windows(tokenizer, eval_texts, gate.seq_len, gate.eval_samples,
+                                              bos=True, separator=sources.joiner(gate.eval_dataset, base_dir))
+    return cal_windows, eval_windows
+
+
+def check_export(export_dir: Path, input_ids: Any, reference_logits: Any, base_logits: Any, *,
+                 device: str = "cpu", dtype: Any = None) -> dict[str, Any]:
+    """Logits of trtbuild.runtime on the exported files vs ModelOpt's fake-quant model (`reference`),
+    judged against the quantization effect (reference vs the unquantized model's `base_logits`).
+
+    The runtime computes in the model's own dtype, so a bf16 model is compared with bf16 arithmetic.
+    """
+    from trtbuild.evaluation import compare_logits
+
+    try:
+        from trtbuild.runtime import load_target
+    except ImportError:
+        return {"export_check": "skipped: trtbuild.runtime.load_target is not available"}
+    import torch
+
+    target = load_target(export_dir, device=device, dtype=dtype or torch.float32)
+    with torch.no_grad():
+        logits = target.logits(input_ids).float().cpu()
+    reference, base = reference_logits.float().cpu(), base_logits.float().cpu()
+    agreement = compare_logits(reference, logits)
+
+    quantization_rms = (reference - base).pow(2).mean().sqrt().item()
+    noise = (logits - reference).pow(2).mean(-1).sqrt().flatten() / max(quantization_rms, 1e-12)
+    median_noise = noise.median().item()
+    metrics: dict[str, Any] = {**agreement.as_metrics("export_logits"),
+                               "export_logits_noise_median": median_noise,
+                               "export_logits_noise_max": noise.max().item(),
+                               "export_logits_noise_rms": noise.pow(2).mean().sqrt().item(),
+                               "quantization_logits_rms": quantization_rms}
+    failed = (median_noise > CHECK_MAX_MEDIAN_NOISE or agreement.min_cosine < CHECK_MIN_COSINE
+              or agreement.argmax_agreement < CHECK_MIN_ARGMAX)
+    if failed:
+        raise BuildError(
+            f"the exported FP8 checkpoint does not reproduce ModelOpt's quantized model: at the median "
+            f"position the runtime's logits differ by {median_noise:.3g} x the quantization effect (max "
+            f"{CHECK_MAX_MEDIAN_NOISE}), cosine min {agreement.min_cosine:.5f} (need >= {CHECK_MIN_COSINE}), "
+            f"argmax agreement {agreement.argmax_agreement:.3f} (need >= {CHECK_MIN_ARGMAX})")
+    return {"export_check": "passed", **metrics}
