@@ -114,3 +114,12 @@ def test_the_openai_front_takes_plain_inputs():
     reaching = {name: sorted(t for t in targets if t.startswith("trtbuild.triton"))
                 for name, targets in graph.items() if name.startswith("trtbuild.openai_api")}
     assert {name: targets for name, targets in reaching.items() if targets} == {}
+
+
+def test_every_stage_config_lives_below_the_stages():
+    """The packages that do a stage's work read its config, so it cannot live in trtbuild/stages/."""
+    from trtbuild.stages import all_stages
+
+    inside = {s.name: s.config_cls.__module__ for s in all_stages()
+              if s.config_cls.__module__.startswith("trtbuild.stages")}
+    assert inside == {}
