@@ -48,6 +48,25 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     ("yaml-empty-section", "name: t\nmodel: #!\n", [], "the section is empty"),
     ("yaml-empty-stage-section", BASE + "quantize: #!\n", [], "the section is empty"),
     ("yaml-null-without-parent", BASE + "quantize: null #!\n", [], "the section is empty"),
+    # issue 24 finding 12: a tag its constructor rejects, a huge integer, a tag on a collection
+    ("yaml-tag-int-float-text", R("quantize:\n  calibration:\n    num_samples: !!int 1e3 #!\n"), [],
+     "quantize.calibration.num_samples: '1e3' is not a valid !!int value"),
+    ("yaml-tag-float-abc", R("quantize:\n  gate:\n    max_perplexity_ratio: !!float abc #!\n"), [],
+     "quantize.gate.max_perplexity_ratio: 'abc' is not a valid !!float value"),
+    ("yaml-tag-bad-timestamp", "name: t\ndescription: !!timestamp 2020-99-99 #!\nmodel: {}\n", [],
+     "description: '2020-99-99' is not a valid !!timestamp value"),
+    ("yaml-tag-not-a-timestamp", "name: t\ndescription: !!timestamp soon #!\nmodel: {}\n", [],
+     "is not a valid !!timestamp value"),
+    ("yaml-tag-bool-maybe", R("quantize:\n  check_export: !!bool maybe #!\n"), [], "is not a valid !!bool value"),
+    ("yaml-5000-digit-int", R("quantize:\n  calibration:\n    num_samples: " + "9" * 5000 + " #!\n"), [],
+     "(5000 characters)' is not a valid !!int value"),
+    ("yaml-4000-digit-int", R("quantize:\n  calibration:\n    num_samples: " + "9" * 4000 + " #!\n"), [],
+     "(4000 characters)"),
+    ("yaml-tag-set-on-mapping", "name: t\nmodel: !!set {source: tiny} #!\n", [],
+     "model: the tag !!set on a mapping is not supported"),
+    ("yaml-tag-omap-on-list", "name: t\nmodel: !!omap [{source: tiny}] #!\n", [],
+     "the tag !!omap on a list is not supported"),
+    ("yaml-tag-custom-on-mapping", R("quantize: !mine {} #!\n"), [], "the tag !mine on a mapping"),
     # --- top level ---------------------------------------------------------------------------------
     ("top-unknown-key", BASE + "modle: {} #!\n", [], "did you mean 'model'"),
     ("top-name-missing", "model: {source: tiny} #!\n", [], "required field is missing"),
@@ -321,6 +340,7 @@ def test_at_least_150_distinct_rules():
     (["--set", "name=[unclosed"], "--set name=[unclosed: name: the value is not valid YAML"),
     (["--set", "description={a: [}"], "not valid YAML"),
     (["--set", "model.tiny.steps=true"], "boolean, not a number"),
+    (["--set", "model.tiny.steps=!!int 1e3"], "model.tiny.steps: the value cannot be read"),
 ])
 def test_bad_overrides(tmp_path, capsys, monkeypatch, args, fragment):
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
