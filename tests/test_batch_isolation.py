@@ -68,7 +68,8 @@ def test_four_greedy_sequences_are_unaffected_by_a_hostile_one(pair: Generator, 
     assert all(s.error is None and s.done for s in seqs) and decoder.running == []
 
 
-def test_a_sequence_with_non_finite_logits_fails_alone(pair: Generator) -> None:
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_sequence_with_non_finite_logits_fails_alone(pair: Generator, bad: float) -> None:
     """NaN logits from the model itself (an overflow in one sequence's rows): that sequence fails,
     greedy or not, and the others decode on. The model's output is corrupted for one row exactly
     as an overflow would, by wrapping the real forward."""
@@ -86,7 +87,7 @@ def test_a_sequence_with_non_finite_logits_fails_alone(pair: Generator) -> None:
         calls[0] += 1
         if calls[0] == 4:  # the victim's row of the fourth step's logits overflows
             slot = decoder.running.index(victim)
-            results[0][0][slot] = float("nan")
+            results[0][0][slot, 0, 5] = bad  # one logit of its row is enough
         return results
 
     batch_module.target_groups = overflowing

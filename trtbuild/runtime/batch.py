@@ -236,9 +236,10 @@ class BatchDecoder:
         """New sequences, prefilled (logits [N, 1, V] at their last prompt rows) and already in the
         running list: each emits its first token and its speculator takes it in."""
         events = []
-        finite = torch.isfinite(logits).all(-1).tolist()
+        top, best = logits.max(-1)
+        finite, greedy = torch.isfinite(top).tolist(), best.tolist()
         for i, seq in enumerate(new):
-            picked = self._pick(seq, logits[i, :1], finite[i][0])
+            picked = self._pick(seq, logits[i, :1], finite[i], greedy[i])
             if picked is None:
                 events.append(Event(seq, [], True, seq.error))
                 continue
@@ -258,14 +259,16 @@ class BatchDecoder:
                 self._finish(seq)
         return events
 
-    def _pick(self, seq: Sequence, logits: torch.Tensor, finite: bool | list[bool]) -> list[int] | None:
-        """The target's tokens for the sequence's rows (logits [k+1, V]), or None when it fails alone:
-        logits that are not finite, or a sampler that raises (its error is recorded, it is done)."""
-        if not (finite if isinstance(finite, bool) else all(finite)):
+    def _pick(self, seq: Sequence, logits: torch.Tensor, finite: list[bool], greedy: list[int]) -> list[int] | None:
+        """The target's tokens for the sequence's rows (logits [k+1, V]; `greedy` their argmax), or None
+        when it fails alone: a row whose largest logit is not finite (a NaN anywhere in the row, +inf,
+        or all -inf), or a sampler that raises (its error is recorded, it is done)."""
+        if not all(finite):
             return self._fail(seq, "the model's logits for this request are not finite (NaN or inf)")
+        if seq.sampler.params.greedy:
+            return greedy
         try:
-            picks = logits.argmax(-1) if seq.sampler.params.greedy else seq.sampler(logits)
-            return [int(t) for t in picks.reshape(-1).tolist()]
+            return [int(t) for t in seq.sampler(logits).reshape(-1).tolist()]
         except (RuntimeError, ValueError) as exc:
             return self._fail(seq, f"sampling failed: {str(exc).splitlines()[0][:200]}")
 
@@ -302,20 +305,18 @@ class BatchDecoder:
         logits, aux = results[0]
         self._join(new)
         t2 = time.perf_counter()
-        greedy = logits.argmax(-1).tolist()
-        finite = torch.isfinite(logits).all(-1).tolist()
+        # max, not argmax: the same first index of the largest logit, and its value tells, at no extra
+        # pass over the vocabulary, whether the row holds a NaN (max propagates it) or an inf.
+        top, best = logits.max(-1)
+        greedy, finite = best.tolist(), torch.isfinite(top).tolist()
         accepted, events = [], []
         for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
             k = len(draft)
-            if seq.sampler.params.greedy and all(finite[i][: k + 1]):
-                picks = greedy[i][: k + 1]
-            else:
-                picked = self._pick(seq, logits[i, : k + 1], finite[i][: k + 1])
-                if picked is None:  # failed alone: it leaves below, like a finished sequence
-                    accepted.append(0)
-                    events.append(Event(seq, [], True, seq.error))
-                    continue
-                picks = picked
+            picks = self._pick(seq, logits[i, : k + 1], finite[i][: k + 1], greedy[i][: k + 1])
+            if picks is None:  # failed alone: it leaves below, like a finished sequence
+                accepted.append(0)
+                events.append(Event(seq, [], True, seq.error))
+                continue
             a = 0
             while a < k and draft[a] == picks[a]:
                 a += 1
