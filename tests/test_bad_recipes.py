@@ -301,6 +301,8 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
      [], "has no records"),
     ("data-too-little-text", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.txt #!\n"), "c.txt": "hi\n"},
      [], "fewer than the 256 tokens one window needs"),
+    ("data-eval-records-too-short", {"r.yaml": R("draft:\n  eval:\n    dataset: e.txt #!\n"),
+                                     "e.txt": ("short record\n\n" * 40)}, [], "fewer than the 64 tokens of one prompt"),
     ("data-hf-not-cached", R("quantize:\n  calibration:\n    dataset: {hf: nobody/nothing-here} #!\n"), [],
      "'nobody/nothing-here' is not in the local cache"),
     ("deploy-tokenizer-without-tokenizer", {"r.yaml": R("deploy:\n  tokenizer:\n    path: tok #!\n", ENGINE),

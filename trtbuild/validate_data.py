@@ -90,18 +90,19 @@ def _model_shapes(recipe: Any) -> list[str]:
 
 # -- data files and datasets --------------------------------------------------------------------------
 
-def _sources(recipe: Any) -> list[tuple[str, Any, str, int]]:
-    """(field, source, split, tokens one window needs) of every text source a build reads."""
+def _sources(recipe: Any) -> list[tuple[str, Any, int, bool]]:
+    """(field, source, tokens needed, whether one record must hold them) of every text source a
+    build reads: windows are cut from all records joined; an evaluation prompt is one record's start."""
     found = []
     quantize, draft = recipe.stage_config("quantize"), recipe.stage_config("draft")
     if quantize is not None:
-        found += [("quantize.calibration.dataset", quantize.calibration.dataset, "train", quantize.calibration.seq_len),
-                  ("quantize.gate.eval_dataset", quantize.gate.eval_dataset, "eval", quantize.gate.seq_len)]
+        found += [("quantize.calibration.dataset", quantize.calibration.dataset, quantize.calibration.seq_len, False),
+                  ("quantize.gate.eval_dataset", quantize.gate.eval_dataset, quantize.gate.seq_len, False)]
     if draft is not None and draft.source != "none":
         if draft.source == "train":
-            found.append(("draft.dataset", draft.dataset, "train", draft.seq_len))
+            found.append(("draft.dataset", draft.dataset, draft.seq_len, False))
         if draft.eval.prompts:
-            found.append(("draft.eval.dataset", draft.eval.dataset, "eval", draft.eval.prompt_len))
+            found.append(("draft.eval.dataset", draft.eval.dataset, draft.eval.prompt_len, True))
     return found
 
 
@@ -113,7 +114,7 @@ def _data_sources(recipe: Any) -> list[str]:
     # A recipe checked away from its weights (a stand-in config speaks for them) is not on the machine
     # that builds it: its datasets are looked for there, not here.
     elsewhere = uses_standin(recipe)
-    for field, source, _split, window in _sources(recipe):
+    for field, source, window, one_record in _sources(recipe):
         if source.kind == "hf" and not elsewhere:
             out += _hf_cached(field, source, recipe.base_dir)
         if source.kind != "file":
@@ -130,12 +131,22 @@ def _data_sources(recipe: Any) -> list[str]:
             continue
         # A token covers at least one byte of text (byte-level BPE, SentencePiece with byte fallback),
         # and each record may add a BOS / separator: fewer bytes than that cannot fill one window.
-        budget = sum(len(r.encode("utf-8")) if isinstance(r, str) else
-                     sum(len(m["content"].encode("utf-8")) + len(m["role"]) + 2 for m in r) for r in records)
-        if budget + 2 * len(records) < window:
-            out.append(f"{field}.path: {path} holds {len(records)} records with {budget} bytes of text, fewer "
-                       f"than the {window} tokens one window needs (fix: give more text, or a shorter seq_len)")
+        sizes = [_record_bytes(r) + 2 for r in records]
+        if one_record and max(sizes) < window:
+            out.append(f"{field}.path: the longest of the {len(records)} records in {path} has {max(sizes) - 2} "
+                       f"bytes of text, fewer than the {window} tokens of one prompt (fix: give longer records, "
+                       "or lower draft.eval.prompt_len)")
+        elif not one_record and sum(sizes) < window:
+            out.append(f"{field}.path: {path} holds {len(records)} records with {sum(sizes) - 2 * len(sizes)} bytes "
+                       f"of text, fewer than the {window} tokens one window needs (fix: give more text, or a shorter "
+                       "seq_len)")
     return out
+
+
+def _record_bytes(record: Any) -> int:
+    if isinstance(record, str):
+        return len(record.encode("utf-8"))
+    return sum(len(m["content"].encode("utf-8")) + len(m["role"]) + 2 for m in record)
 
 
 def _read_records(source: Any, base_dir: Path) -> list[Any] | str:
