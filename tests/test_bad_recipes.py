@@ -48,6 +48,25 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     ("yaml-empty-section", "name: t\nmodel: #!\n", [], "the section is empty"),
     ("yaml-empty-stage-section", BASE + "quantize: #!\n", [], "the section is empty"),
     ("yaml-null-without-parent", BASE + "quantize: null #!\n", [], "the section is empty"),
+    # issue 24 finding 12: a tag its constructor rejects, a huge integer, a tag on a collection
+    ("yaml-tag-int-float-text", R("quantize:\n  calibration:\n    num_samples: !!int 1e3 #!\n"), [],
+     "quantize.calibration.num_samples: '1e3' is not a valid !!int value"),
+    ("yaml-tag-float-abc", R("quantize:\n  gate:\n    max_perplexity_ratio: !!float abc #!\n"), [],
+     "quantize.gate.max_perplexity_ratio: 'abc' is not a valid !!float value"),
+    ("yaml-tag-bad-timestamp", "name: t\ndescription: !!timestamp 2020-99-99 #!\nmodel: {}\n", [],
+     "description: '2020-99-99' is not a valid !!timestamp value"),
+    ("yaml-tag-not-a-timestamp", "name: t\ndescription: !!timestamp soon #!\nmodel: {}\n", [],
+     "is not a valid !!timestamp value"),
+    ("yaml-tag-bool-maybe", R("quantize:\n  check_export: !!bool maybe #!\n"), [], "is not a valid !!bool value"),
+    ("yaml-5000-digit-int", R("quantize:\n  calibration:\n    num_samples: " + "9" * 5000 + " #!\n"), [],
+     "(5000 characters)' is not a valid !!int value"),
+    ("yaml-4000-digit-int", R("quantize:\n  calibration:\n    num_samples: " + "9" * 4000 + " #!\n"), [],
+     "(4000 characters)"),
+    ("yaml-tag-set-on-mapping", "name: t\nmodel: !!set {source: tiny} #!\n", [],
+     "model: the tag !!set on a mapping is not supported"),
+    ("yaml-tag-omap-on-list", "name: t\nmodel: !!omap [{source: tiny}] #!\n", [],
+     "the tag !!omap on a list is not supported"),
+    ("yaml-tag-custom-on-mapping", R("quantize: !mine {} #!\n"), [], "the tag !mine on a mapping"),
     # --- top level ---------------------------------------------------------------------------------
     ("top-unknown-key", BASE + "modle: {} #!\n", [], "did you mean 'model'"),
     ("top-name-missing", "model: {source: tiny} #!\n", [], "required field is missing"),
@@ -262,6 +281,57 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
                            ("num_threads", "0"), ("speculative", "[1]"), ("draft_len_schedule", "{}"),
                            ("draft_len_schedule", '{"1": 5, "0": 3}'), ("draft_len_schedule", '{"1": -1}'),
                            ("draft_len_schedule", "[5, 3]")]],
+    # --- issue 24 finding 11: what validate now reads ----------------------------------------------
+    ("data-not-utf8", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.txt #!\n"),
+                       "c.txt": "text\nmore \udcff text\n"}, [], "c.txt:2 is not UTF-8 text"),
+    ("data-jsonl-not-json", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.jsonl #!\n"),
+                             "c.jsonl": '{"text": "a"}\n{nope\n'}, [], "c.jsonl:2: invalid JSON"),
+    ("data-jsonl-not-object", {"r.yaml": R("quantize:\n  gate:\n    eval_dataset: c.jsonl #!\n"),
+                               "c.jsonl": "[1, 2]\n"}, [], "c.jsonl:1: expected a JSON object, got list"),
+    ("data-jsonl-no-field", {"r.yaml": R("draft:\n  dataset: c.jsonl #!\n"), "c.jsonl": '{"body": "x"}\n'}, [],
+     "record has no field 'text'"),
+    ("data-jsonl-named-field-absent", {"r.yaml": R("quantize:\n  calibration:\n    dataset: {path: c.jsonl, "
+                                                   "field: body} #!\n"), "c.jsonl": '{"text": "x"}\n'}, [],
+     "record has no field 'body'"),
+    ("data-jsonl-field-not-text", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.jsonl #!\n"),
+                                   "c.jsonl": '{"text": 5}\n'}, [], "field 'text' is int"),
+    ("data-jsonl-bad-chat", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.jsonl #!\n"),
+                             "c.jsonl": '{"messages": [{"who": "me"}]}\n'}, [], "chat turn needs role/content"),
+    ("data-no-records", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.jsonl #!\n"), "c.jsonl": "\n\n\n"},
+     [], "has no records"),
+    ("data-too-little-text", {"r.yaml": R("quantize:\n  calibration:\n    dataset: c.txt #!\n"), "c.txt": "hi\n"},
+     [], "fewer than the 256 tokens one window needs"),
+    ("data-eval-records-too-short", {"r.yaml": R("draft:\n  eval:\n    dataset: e.txt #!\n"),
+                                     "e.txt": ("short record\n\n" * 40)}, [], "fewer than the 64 tokens of one prompt"),
+    ("data-hf-not-cached", R("quantize:\n  calibration:\n    dataset: {hf: nobody/nothing-here} #!\n"), [],
+     "'nobody/nothing-here' is not in the local cache"),
+    ("deploy-tokenizer-without-tokenizer", {"r.yaml": R("deploy:\n  tokenizer:\n    path: tok #!\n", ENGINE),
+                                            "tok/README": "no tokenizer here"}, [], "holds no tokenizer"),
+    ("deploy-tokenizer-beyond-vocab", {"r.yaml": R("deploy:\n  tokenizer:\n    path: tok #!\n", ENGINE),
+                                       "tok/tokenizer.json": '{"model": {"vocab": {"a": 0, "b": 2047}}, '
+                                       '"added_tokens": [{"id": 5000, "content": "<x>"}]}'}, [],
+     "token ids up to 5000, beyond the target's vocab_size 2048"),
+    ("model-tokenizer-beyond-vocab", {"r.yaml": PATH_MODEL.replace("path: m", "path: m #!"), **HF,
+                                      "m/tokenizer.json": '{"model": {"vocab": {"a": 0, "b": 300}}}'}, [],
+     "token ids up to 300, beyond the target's vocab_size 300"),
+    ("model-config-without-shapes", {"r.yaml": PATH_MODEL.replace("path: m", "path: m #!"),
+                                     "m/config.json": '{"model_type": "llama"}', "m/model.safetensors": "x"}, [],
+     "has no usable vocab_size, hidden_size, num_hidden_layers"),
+    ("deploy-model-name-300", R(f"deploy:\n  model_name: {'m' * 300} #!\n", ENGINE), [], "300 characters"),
+    ("deploy-queue-delay-1e9", R("deploy:\n  max_queue_delay_microseconds: 1000000000 #!\n", ENGINE), [],
+     "at most 10000000 (10 s)"),
+    ("deploy-limit-over-engine-seq", R("deploy:\n  local:\n    max_tokens_limit: 1024 #!\n",
+                                       ENGINE.replace("engine: {}", "engine: {max_seq_len: 512}")), [],
+     "exceeds engine.max_seq_len 512"),
+    ("deploy-default-over-context", R("deploy:\n  local:\n    default_max_tokens: 300 #!\n",
+                                      "name: t\nmodel: {source: tiny, tiny: {max_position_embeddings: 256}}\n"
+                                      "engine: {}\n"), [], "context of 256 tokens"),
+    ("top-output-dir-file", {"r.yaml": BASE + "output_dir: f.txt #!\n", "f.txt": "mine"}, [],
+     "exists and is not a directory"),
+    ("top-output-dir-under-file", {"r.yaml": BASE + "output_dir: f.txt/out #!\n", "f.txt": "mine"}, [],
+     "is a file, not a directory"),
+    ("top-output-dir-dev-null", BASE + "output_dir: /dev/null #!\n", [], "is inside /dev"),
+    ("top-output-dir-proc-self", BASE + "output_dir: /proc/self #!\n", [], "is inside /proc"),
     # --- bench -------------------------------------------------------------------------------------
     ("bench-without-draft", BASE + "bench: {} #!\n", [], "has no draft"),
     ("bench-draft-len-over", R("bench:\n  max_draft_len: 5 #!\n", DRAFT), [], "exceeds draft.max_draft_len"),
@@ -320,6 +390,7 @@ def test_at_least_150_distinct_rules():
     (["--set", "name=[unclosed"], "--set name=[unclosed: name: the value is not valid YAML"),
     (["--set", "description={a: [}"], "not valid YAML"),
     (["--set", "model.tiny.steps=true"], "boolean, not a number"),
+    (["--set", "model.tiny.steps=!!int 1e3"], "model.tiny.steps: the value cannot be read"),
 ])
 def test_bad_overrides(tmp_path, capsys, monkeypatch, args, fragment):
     (tmp_path / "r.yaml").write_text(BASE)
@@ -346,3 +417,24 @@ def test_unreadable_recipes_are_refused_without_reading(tmp_path, capsys, monkey
         main(["validate", str(target)])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and f"{target}:" in err, err
+
+
+@pytest.mark.parametrize("ram_gib,instances,refused", [(24, 64, True), (24, 8, False), (128, 64, False)])
+def test_local_instances_are_sized_against_memory(tmp_path, monkeypatch, capsys, ram_gib, instances, refused):
+    """Issue 24 finding 11: 64 local instances of the tiny model (~38 GB measured) pass validate on a
+    24 GiB machine no more; the machine's memory is set here so the case does not depend on the host."""
+    from trtbuild import crosschecks
+
+    monkeypatch.setattr(crosschecks, "machine_memory", lambda: ram_gib << 30)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r.yaml").write_text(ENGINE + f"deploy:\n  target: [local]\n  instance_count: {instances}\n")
+    if not refused:
+        main(["validate", str(tmp_path / "r.yaml")])
+        assert "ok" in capsys.readouterr().out
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(tmp_path / "r.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{tmp_path / 'r.yaml'}:6: deploy.instance_count: 64 local model instances need about" in err, err
+    assert "more than this machine's 24.0 GiB" in err and "use at most" in err, err

@@ -20,11 +20,12 @@ def store(isolated_cache) -> ArtifactCache:
     return ArtifactCache(isolated_cache)
 
 
-def _entry(store: ArtifactCache, stage: str, key: str, files: dict[str, bytes], recipe: str = "r"):
+def _entry(store: ArtifactCache, stage: str, key: str, files: dict[str, bytes], recipe: str = "r",
+           recipe_file: str = ""):
     work = store.new_workdir(stage, key)
     for name, data in files.items():
         (work / name).write_bytes(data)
-    return store.commit(work, stage, key, {"recipe": {"name": recipe}, "created": "now"})
+    return store.commit(work, stage, key, {"recipe": {"name": recipe, "file": recipe_file}, "created": "now"})
 
 
 def _model_dir(root: Path) -> Path:
@@ -124,7 +125,7 @@ def test_an_entry_used_in_the_future_is_not_younger_than_now(store):
 
 
 def test_a_broken_manifest_is_reported_and_skipped(tmp_path, store, capsys):
-    good = _entry(store, "model", "k1", {"f": b"1"}, recipe="r")
+    good = _entry(store, "model", "k1", {"f": b"1"}, recipe="r", recipe_file=str(tmp_path / "rr.yaml"))
     bad = _entry(store, "model", "k2", {"f": b"1"}, recipe="r")
     (bad.path / "manifest.json").write_text('{"recipe": {"na')  # truncated
     also_bad = _entry(store, "model", "k3", {"f": b"1"}, recipe="r")

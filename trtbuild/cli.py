@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from typing import Any
@@ -160,8 +159,16 @@ def _built(recipe: str, overrides: tuple[str, ...], until: str, progress_enabled
 
     loaded = _load(recipe, overrides)
     preflight(loaded)
-    steps = pipeline.build(loaded, _cache(), Progress.for_terminal(enabled=progress_enabled), until=until)
-    return loaded, {s.name: s.artifact for s in steps if s.artifact is not None}
+    store = _cache()
+    steps = pipeline.build(loaded, store, Progress.for_terminal(enabled=progress_enabled), until=until)
+    artifacts = {s.name: s.artifact for s in steps if s.artifact is not None}
+    # What is served or measured from here on stays leased until this process ends: `cache gc` and
+    # `clean --cache` skip these entries.
+    _LEASES.extend(fd for fd in (store.lease(path) for path in artifacts.values()) if fd is not None)
+    return loaded, artifacts
+
+
+_LEASES: list[int] = []  # lock file descriptors, released by the process's exit
 
 
 @cli.command()
@@ -357,20 +364,29 @@ def cache_gc(days: float, dry_run: bool) -> None:
     """Remove leftovers of killed builds, entries with a broken manifest, and what was unused for
     --older-than days (cache entries and the resume dirs of interrupted draft trainings)."""
     store = _cache()
+    if not store.root.exists():
+        click.echo(f"no cache at {store.root}: nothing to remove")
+        return
+    store.require_marked("collect")  # a directory that is not a trtbuild cache: one line, exit 2
     cutoff = time.time() - days * 86400
     verb = "would remove" if dry_run else "removed"
-    doomed, broken = [], []
+    doomed, broken, leased = [], [], []
     for entry in store.entries():
-        if entry.manifest_or_none() is None:
-            broken.append(entry)
-        elif store.last_used(entry) < cutoff:
-            doomed.append(entry)
+        if entry.manifest_or_none() is not None and store.last_used(entry) >= cutoff:
+            continue
+        if store.in_use(entry):
+            leased.append(entry)
+            continue
+        (broken if entry.manifest_or_none() is None else doomed).append(entry)
     resumes = [p for p in store.resume_dirs() if store.resume_last_used(p) < cutoff and not store.resume_busy(p)]
     leftovers = store.incomplete()
     for entry in doomed + broken:
+        if not dry_run and not store.remove(entry):  # leased since the check above
+            leased.append(entry)
+            continue
         click.echo(f"{verb} {entry.stage}/{entry.key}" + (" (broken manifest)" if entry in broken else ""))
-        if not dry_run:
-            store.remove(entry)
+    for entry in leased:
+        click.echo(f"kept {entry.stage}/{entry.key}: a running server uses it")
     for path in resumes:
         click.echo(f"{verb} resume/{path.name}")
         if not dry_run:
@@ -378,9 +394,11 @@ def cache_gc(days: float, dry_run: bool) -> None:
     for path in leftovers:
         click.echo(f"{verb} incomplete {path.parent.name}/{path.name}")
         if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)
-    click.echo(f"{len(doomed)} entries, {len(broken)} broken, {len(resumes)} resume dirs, "
-               f"{len(leftovers)} incomplete")
+            store.remove_incomplete(path)
+    removed = [e for e in doomed + broken if e not in leased]
+    click.echo(f"{sum(e in doomed for e in removed)} entries, {sum(e in broken for e in removed)} broken, "
+               f"{len(resumes)} resume dirs, {len(leftovers)} incomplete" + (f", {len(leased)} in use kept"
+                                                                            if leased else ""))
 
 
 @cli.command()
@@ -396,17 +414,27 @@ def clean(recipe: str, overrides: tuple[str, ...], with_cache: bool) -> None:
 
     loaded = _load(recipe, overrides)
     out = loaded.output_path
-    removed = 0
+    removed, kept = 0, []
     if with_cache:
         store = _cache()
+        if store.root.exists():
+            store.require_marked("clean")
         for entry in store.entries():
             recipe_info = (entry.manifest_or_none() or {}).get("recipe")
-            if isinstance(recipe_info, dict) and recipe_info.get("name") == loaded.name:
-                store.remove(entry)
+            # This recipe's entries: its name AND its file (another recipe of the same name elsewhere
+            # keeps its entries; an entry another recipe reused stays recorded under that one).
+            if not isinstance(recipe_info, dict) or recipe_info.get("name") != loaded.name:
+                continue
+            if recipe_info.get("file") != str(loaded.recipe_file):
+                continue
+            if store.remove(entry):
                 removed += 1
+            else:
+                kept.append(f"{entry.stage}/{entry.key}")
     cleaned = clean_output_dir(out)
     what = f"removed {', '.join(cleaned)} from {out}" if cleaned else f"nothing built in {out}"
-    click.echo(what + (f"; {removed} cache entries" if with_cache else ""))
+    in_use = f" (kept {len(kept)} a running server uses: {', '.join(kept)})" if kept else ""
+    click.echo(what + (f"; {removed} cache entries{in_use}" if with_cache else ""))
 
 
 def main(argv: list[str] | None = None) -> None:

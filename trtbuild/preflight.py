@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trtbuild import crosschecks
+from trtbuild import crosschecks, validate_data
 from trtbuild.errors import UserError
 from trtbuild.stages import all_stages
 
@@ -26,6 +26,7 @@ def problems(recipe: Any) -> list[str]:
         if config is not None:
             found.extend(stage.preflight(config, recipe))
     found.extend(p for p in crosschecks.problems(recipe) if p not in found)
+    found.extend(p for p in validate_data.problems(recipe) if p not in found)
     return found
 
 

@@ -220,6 +220,10 @@ def _apply_override(data: dict, positions: dict, override: str) -> None:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise UserError(f"the value is not valid YAML: {problem}", file=where, field=dotted,
                         fix=f"quote it for YAML and the shell, e.g. --set '{dotted}=\"...\"'") from None
+    except Exception as exc:  # noqa: BLE001  (a tag its constructor rejects: `!!int 1e3`, 5000 digits)
+        reason = str(exc).split(";")[0].split("\n")[0][:120] or type(exc).__name__
+        raise UserError(f"the value cannot be read: {reason}", file=where, field=dotted,
+                        fix="give a plain value of the field's type") from None
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -307,7 +311,8 @@ def _to_user_error(exc: ValidationError, positions: dict, model: type[BaseModel]
                          fix=f"add `{loc[-1]}:` to the section")
     message = err["msg"].removeprefix("Value error, ")
     if given is not None and not isinstance(given, dict | list):
-        message += f" (got {given!r})"
+        shown = repr(given)
+        message += f" (got {shown if len(shown) <= 60 else shown[:40] + f'... ({len(shown)} characters)'})"
     fix = _fix_for(kind, err)
     return UserError(message, file=pos.file, line=pos.line, field=field, fix=fix)
 

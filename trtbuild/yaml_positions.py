@@ -3,7 +3,10 @@
 Bounded: regular files only (a FIFO or /dev/zero is refused before anything is read), at most
 MAX_BYTES, no NUL bytes, nesting at most MAX_DEPTH (checked on the event stream, before any
 recursion), and at most MAX_VALUES values after alias expansion (a 600-byte "billion laughs" file
-is refused at once instead of expanding without bound).
+is refused at once instead of expanding without bound). A scalar that its tag cannot build
+(`!!int 1e3`, `!!float abc`, a bad `!!timestamp`, an integer of more digits than Python converts)
+and a tag on a mapping or list (`!!set`, `!!omap`: its meaning would be dropped) are one-line errors
+naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ KeyPath = tuple[str | int, ...]
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
+_PLAIN_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
 
 
 @dataclass(frozen=True)
@@ -123,10 +127,16 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath,
         raise UserError(f"expands to more than {MAX_VALUES} values (aliases used over and over?)", file=display,
                         line=node.start_mark.line + 1, fix="write the values out instead of nesting aliases")
     positions[path] = Position(display, node.start_mark.line + 1)
+    plain = _PLAIN_TAGS.get(type(node))
+    if plain is not None and node.tag != plain:
+        kind = "mapping" if isinstance(node, yaml.MappingNode) else "list"
+        raise UserError(f"the tag {_short_tag(node.tag)} on a {kind} is not supported", file=display,
+                        line=node.start_mark.line + 1, field=dotted(path) or None,
+                        fix=f"remove the tag; write a plain YAML {kind}")
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            key = _scalar(loader, key_node, path, display)
             if not isinstance(key, str):
                 raise UserError(f"mapping keys must be strings, got {key!r}", file=display,
                                 line=key_node.start_mark.line + 1, fix="quote the key")
@@ -139,4 +149,33 @@ def _convert(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath,
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_convert(loader, item, (*path, i), positions, display, budget) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    return _scalar(loader, node, path, display)
+
+
+def _scalar(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath, display: str) -> Any:
+    """The node's value; a value its tag cannot build is one line, never a traceback."""
+    if not isinstance(node, yaml.ScalarNode):  # a collection used as a mapping key
+        raise UserError("mapping keys must be plain scalars", file=display, line=node.start_mark.line + 1,
+                        field=dotted(path) or None, fix="quote the key")
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.MarkedYAMLError:
+        raise  # reported with its line by load_yaml_with_positions
+    except Exception as exc:  # noqa: BLE001  (int(), float(), datetime() of what the tag names)
+        reason = str(exc).split(";")[0].split("\n")[0][:120] or type(exc).__name__
+        shown = node.value if len(node.value) <= 40 else node.value[:20] + f"... ({len(node.value)} characters)"
+        raise UserError(f"{shown!r} is not a valid {_short_tag(node.tag)} value: {reason}", file=display,
+                        line=node.start_mark.line + 1, field=dotted(path) or None,
+                        fix="write a plain value of the field's type (quote it if it is text)") from None
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org,2002:") else tag
+
+
+def dotted(path: KeyPath) -> str:
+    """`a.b[2].c` for the key path (a, b, 2, c)."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

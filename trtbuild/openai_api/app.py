@@ -70,8 +70,8 @@ async def openai_errors(request: web.Request, handler: Callable[[web.Request], A
 async def _body(request: web.Request) -> Any:
     try:
         return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # ValueError: also a 5000-digit integer
+        raise OpenAIError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
 
 class Generation:

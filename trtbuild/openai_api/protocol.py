@@ -9,12 +9,15 @@ only when set to something other than their no-op value.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MAX_STOP = 4  # OpenAI: up to 4 stop sequences
 SEED_RANGE = 2**64  # the local model's seed input is UINT64
+MAX_TOKENS_FIELD = 2**31 - 1  # the local model's max_tokens input is INT32: bounded here, never wrapped
+# JSON integers only: no `true` (lax pydantic reads it as 1), no 5.0, no "5".
+Int = Annotated[int, Field(strict=True)]
 
 
 class OpenAIError(Exception):
@@ -40,11 +43,11 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Int | None = Field(default=None, ge=1, le=MAX_TOKENS_FIELD)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = Field(default=None, validate_default=True)
-    seed: int | None = Field(default=None, ge=0, lt=SEED_RANGE)
+    seed: Int | None = Field(default=None, ge=0, lt=SEED_RANGE)
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
@@ -52,6 +55,13 @@ class _Sampling(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not true/false")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -117,7 +127,7 @@ class Message(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1, le=MAX_TOKENS_FIELD)
     logprobs: Literal[False] | None = None
 
     @property

@@ -13,6 +13,11 @@ running sequences one forward's worth of extra rows, not a step of their own.
 Every token is the target's own choice at its position (argmax, or a draw from its sampling
 distribution, `Sampler`), computed from the same arithmetic as single-stream decoding
 (`trtbuild.runtime.batch_forward`), so greedy output equals `Generator.generate` token for token.
+
+One sequence cannot fail the others: a prompt id outside the target's vocabulary is refused by
+`add` (before it could reach the shared embedding lookup), and a sequence whose logits are not
+finite or whose sampler fails leaves the batch alone, with an Event carrying its `error`; the
+others' tokens are those they would have had without it.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Sequence:
     done: bool = False
     cancelled: bool = False
     emitted: list[int] = field(default_factory=list)  # the tokens handed out (cut at EOS / budget)
+    error: str | None = None  # why it failed alone (non-finite logits, a sampler error)
 
 
 @dataclass
@@ -57,6 +63,7 @@ class Event:
     seq: Sequence
     tokens: list[int]  # new tokens of this step (may be empty for a cancelled sequence)
     finished: bool
+    error: str | None = None  # set when this sequence failed (alone); finished is then True
 
 
 class BatchDecoder:
@@ -97,6 +104,11 @@ class BatchDecoder:
         ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
         if not ids:
             raise UserError("empty prompt")
+        vocab = self.target.spec.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:  # an embedding lookup out of range would fail the whole batch's forward
+            raise UserError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab}) "
+                            "(a tokenizer that does not match the model?)")
         if max_new_tokens < 1:
             raise UserError("max_new_tokens must be at least 1")
         if len(ids) + max_new_tokens + draft_slack + 1 > self.target.max_positions:
@@ -224,18 +236,47 @@ class BatchDecoder:
         """New sequences, prefilled (logits [N, 1, V] at their last prompt rows) and already in the
         running list: each emits its first token and its speculator takes it in."""
         events = []
+        top, best = logits.max(-1)
+        finite, greedy = torch.isfinite(top).tolist(), best.tolist()
         for i, seq in enumerate(new):
-            token = int(seq.sampler(logits[i, 0]))
+            picked = self._pick(seq, logits[i, :1], finite[i], greedy[i])
+            if picked is None:
+                events.append(Event(seq, [], True, seq.error))
+                continue
+            token = picked[0]
             seq.tokens.append(token)
             seq.stats.target_forwards += 1
             seq.stats.target_s += elapsed
             events.append(Event(seq, self._emit(seq, [token]), seq.done))
         for speculator, rows in self._groups(new):
-            speculator.admit([new[i] for i in rows], self._aux_for(speculator, layers, aux, rows))
+            live = [i for i in rows if new[i].error is None]
+            if live:
+                speculator.admit([new[i] for i in live], self._aux_for(speculator, layers, aux, live))
         for seq in new:
-            if seq.done:
+            if seq.error is not None:
+                self._leave(seq)  # never admitted by its speculator: nothing to release there
+            elif seq.done:
                 self._finish(seq)
         return events
+
+    def _pick(self, seq: Sequence, logits: torch.Tensor, finite: list[bool], greedy: list[int]) -> list[int] | None:
+        """The target's tokens for the sequence's rows (logits [k+1, V]; `greedy` their argmax), or None
+        when it fails alone: a row whose largest logit is not finite (a NaN anywhere in the row, +inf,
+        or all -inf), or a sampler that raises (its error is recorded, it is done)."""
+        if not all(finite):
+            return self._fail(seq, "the model's logits for this request are not finite (NaN or inf)")
+        if seq.sampler.params.greedy:
+            return greedy
+        try:
+            return [int(t) for t in seq.sampler(logits).reshape(-1).tolist()]
+        except (RuntimeError, ValueError) as exc:
+            return self._fail(seq, f"sampling failed: {str(exc).splitlines()[0][:200]}")
+
+    @staticmethod
+    def _fail(seq: Sequence, why: str) -> None:
+        seq.error = why
+        seq.done = True
+        return None
 
     def _decode(self, new: list[Sequence]) -> list[Event]:
         """One step of the running sequences (drafts verified), with the new ones' prefill in the same
@@ -264,11 +305,18 @@ class BatchDecoder:
         logits, aux = results[0]
         self._join(new)
         t2 = time.perf_counter()
-        greedy = logits.argmax(-1).tolist()
+        # max, not argmax: the same first index of the largest logit, and its value tells, at no extra
+        # pass over the vocabulary, whether the row holds a NaN (max propagates it) or an inf.
+        top, best = logits.max(-1)
+        greedy, finite = best.tolist(), torch.isfinite(top).tolist()
         accepted, events = [], []
         for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
             k = len(draft)
-            picks = greedy[i][: k + 1] if seq.sampler.params.greedy else seq.sampler(logits[i, : k + 1]).tolist()
+            picks = self._pick(seq, logits[i, : k + 1], finite[i][: k + 1], greedy[i][: k + 1])
+            if picks is None:  # failed alone: it leaves below, like a finished sequence
+                accepted.append(0)
+                events.append(Event(seq, [], True, seq.error))
+                continue
             a = 0
             while a < k and draft[a] == picks[a]:
                 a += 1

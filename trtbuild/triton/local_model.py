@@ -191,7 +191,9 @@ class TritonPythonModel:
         try:
             while not self.batcher.idle:
                 for event in self.batcher.step():
-                    if event.finished:
+                    if event.error is not None:  # this request alone failed
+                        responses[event.tag] = self.error(f"generation failed: {event.error}", bad_request=False)
+                    elif event.finished:
                         responses[event.tag] = self.response(event.result_text or "", event.result_ids or [])
         except Exception as exc:  # a failed batch must not take the model down
             pb_utils.Logger.log_error(traceback.format_exc())
@@ -276,7 +278,10 @@ class TritonPythonModel:
             sender, stream = active[event.tag]
             if event.finished:
                 del active[event.tag]
-            if event.tag in cancelled:
+            if event.error is not None:  # this request alone failed; the batch goes on
+                cancelled.pop(event.tag, None)
+                self.outbox.put((sender, self.error(f"generation failed: {event.error}", bad_request=False), final))
+            elif event.tag in cancelled:
                 if event.finished:
                     why = cancelled.pop(event.tag)
                     self.outbox.put((sender, self.unavailable(why) if why else None, final))

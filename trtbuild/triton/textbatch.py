@@ -39,6 +39,7 @@ class TextEvent:
     finished: bool
     result_text: str | None = None  # the whole generation's text, with the final event
     result_ids: list[int] | None = None
+    error: str | None = None  # this request failed alone (the others go on); finished is True
 
 
 class TextBatcher:
@@ -87,6 +88,10 @@ class TextBatcher:
         for event in self.decoder.step():
             tag = by_seq[event.seq.id]
             deltas = self._live[tag][1]
+            if event.error is not None:
+                del self._live[tag]
+                events.append(TextEvent(tag, Chunk([], ""), True, error=event.error))
+                continue
             chunk = Chunk(list(event.tokens), deltas.add(event.tokens))
             if not event.finished:
                 events.append(TextEvent(tag, chunk, False))
