@@ -69,7 +69,7 @@ class Entry:
 
 
 def _stage_dir_names() -> tuple[str, ...]:
-    from trtbuild.stages import STAGE_ORDER
+    from trtbuild.layout import STAGE_ORDER
 
     return tuple(STAGE_ORDER)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+# The cache's stage directories, in pipeline order (trtbuild.stages registers a Stage for each).
+STAGE_ORDER = ("model", "quantize", "draft", "engine", "deploy")
+
 MODEL_HF = "hf"  # model stage: the target's Hugging Face directory (a link for path / hub sources)
 QUANTIZED_HF = "hf"  # quantize stage: ModelOpt's unified Hugging Face export
 DRAFT_EAGLE3 = "eagle3"  # draft stage: the EAGLE-3 checkpoint (absent for ngram / none)

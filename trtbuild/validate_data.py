@@ -67,7 +67,7 @@ def _model_shapes(recipe: Any) -> list[str]:
     model = recipe.stage_config("model")
     if model is None or model.source == "tiny":
         return []
-    from trtbuild.stages.model import local_model_dir, text_config
+    from trtbuild.model_source import local_model_dir, text_config
 
     directory = local_model_dir(model, recipe)
     if directory is None:
@@ -107,7 +107,7 @@ def _sources(recipe: Any) -> list[tuple[str, Any, int, bool]]:
 
 
 def _data_sources(recipe: Any) -> list[str]:
-    from trtbuild.stages.model import uses_standin
+    from trtbuild.model_source import uses_standin
 
     out: list[str] = []
     read: dict[Path, list[Any] | str] = {}
@@ -201,7 +201,7 @@ def _tokenizers(recipe: Any, shapes: dict[str, Any] | None) -> list[str]:
             out += _tokenizer_dir("deploy.tokenizer.path", path, vocab)
     model = recipe.stage_config("model")
     if model is not None and model.source != "tiny":
-        from trtbuild.stages.model import local_model_dir
+        from trtbuild.model_source import local_model_dir
 
         directory = local_model_dir(model, recipe)
         if directory is not None and (directory / "tokenizer.json").is_file():
@@ -300,7 +300,7 @@ def _target_weight_bytes(recipe: Any) -> int | None:
                   + t.num_hidden_layers * (2 * t.hidden_size * (t.hidden_size + kv)
                                            + 3 * t.hidden_size * t.intermediate_size))
         return 4 * params
-    from trtbuild.stages.model import local_model_dir
+    from trtbuild.model_source import local_model_dir
 
     directory = local_model_dir(model, recipe)
     if directory is None:

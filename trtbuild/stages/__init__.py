@@ -5,9 +5,10 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from trtbuild.layout import STAGE_ORDER
 from trtbuild.stages.base import Stage
 
-STAGE_ORDER = ("model", "quantize", "draft", "engine", "deploy")
+__all__ = ["STAGE_ORDER", "all_stages", "get_stage", "extra_sections", "stage_names", "describe"]
 
 
 @cache
