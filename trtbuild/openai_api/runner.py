@@ -2,6 +2,9 @@
 
 `trtbuild serve` / `demo` start it once Triton is ready and stop it first on shutdown: it stops
 accepting, lets in-flight requests finish (they still need Triton), then Triton drains.
+Connections are bounded by aiohttp's own settings and trtbuild.triton.listener's caps (the same
+as the Triton front's): head and keep-alive timeout, body timeout, connections in total and per
+client; a client that goes away cancels its request (aiohttp's handler_cancellation).
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from trtbuild.openai_api.text import PromptText
 HOST = "127.0.0.1"
 
 
-def front_config(model_dir: Path, triton_http: str, model_id: str | None = None) -> FrontConfig:
-    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt."""
+def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
+                 upstream_headers: dict[str, str] | None = None) -> FrontConfig:
+    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt, its
+    prompt limits from the target's context (the same the model applies)."""
+    import json
+
     from transformers import AutoTokenizer
 
     from trtbuild.triton.pbtxt import parameters_of, parse_config
+    from trtbuild.triton.textgen import prompt_byte_limit
 
     params = parameters_of(parse_config(model_dir / "config.pbtxt"))
     tokenizer_dir = (model_dir / params["tokenizer_dir"]).resolve()
@@ -32,10 +40,18 @@ def front_config(model_dir: Path, triton_http: str, model_id: str | None = None)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     eos = tokenizer.eos_token_id
     base = triton_http if triton_http.startswith("http") else f"http://{triton_http}"
+    target_config = (model_dir / params["target_dir"]).resolve() / "config.json"
+    try:
+        context = int(json.loads(target_config.read_text()).get("max_position_embeddings") or 4096)
+    except (OSError, ValueError, TypeError):
+        context = 4096  # the runtime's default (trtbuild.runtime.target)
+    configured = int(params.get("max_prompt_bytes") or 1 << 20)
     return FrontConfig(model_id=model_id or model_dir.name, triton_url=base, triton_model=model_dir.name,
                        prompts=PromptText(tokenizer, params.get("add_special_tokens") == "true"),
                        default_max_tokens=int(params["default_max_tokens"]),
-                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []))
+                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []),
+                       context_tokens=context, max_prompt_bytes=prompt_byte_limit(tokenizer, context, configured),
+                       upstream_headers=tuple((upstream_headers or {}).items()))
 
 
 class OpenAIFront:
@@ -44,6 +60,7 @@ class OpenAIFront:
         self.drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: Any = None
+        self._listener: Any = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -59,12 +76,14 @@ class OpenAIFront:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            self._runner = web.AppRunner(create_app(self.config), shutdown_timeout=self.drain_timeout_s,
-                                         access_log=None)
+            from trtbuild.triton.listener import Limits, Listener, handler_settings
+
+            self._listener = Listener(Limits.from_fd_limit())
+            self.port = self._listener.bind(self.host, self.port)
+            self._runner = web.AppRunner(create_app(self.config, self._listener.middleware),
+                                         shutdown_timeout=self.drain_timeout_s, **handler_settings())
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
-            await site.start()
-            self.port = self._runner.addresses[0][1]
+            self._listener.start(self._runner.server)
 
         def main() -> None:
             assert self._loop is not None
@@ -94,7 +113,11 @@ class OpenAIFront:
         loop, runner = self._loop, self._runner
         if loop is None or runner is None:
             return
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(self.drain_timeout_s + 10)
+        async def shutdown() -> None:
+            await self._listener.close()
+            await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(self.drain_timeout_s + 10)
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)

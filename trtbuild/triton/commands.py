@@ -31,10 +31,11 @@ def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
     """For `serve(attach=...)`: the OpenAI-compatible API in front of the started Triton server."""
 
     @contextlib.contextmanager
-    def attach(endpoints: Any) -> Iterator[list[str]]:
+    def attach(server: Any) -> Iterator[list[str]]:
         from trtbuild.openai_api.runner import OpenAIFront, front_config
 
-        config = front_config(model_dir, endpoints.http)
+        # straight to tritonserver's own port, with the key only the fronts hold
+        config = front_config(model_dir, server.triton_http, upstream_headers=server.upstream_headers)
         with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
             yield [f"OpenAI   {front.url}  (/models, /completions, /chat/completions; "
                    f"model \"{config.model_id}\")"]
@@ -125,7 +126,7 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
     prompt = prompt or default_prompts(1, chars=60)[0]
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
-            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+            openai_front(model_dir, 0)(server) as front_lines:
         for line in server.endpoints.lines([model_dir.name]) + front_lines:
             echo("  " + line)
         answer = client.generate(server.endpoints.http, model_dir.name, prompt, max_tokens)
@@ -229,7 +230,7 @@ def bench_local(deploy_dir: Path, *, loadgen: str = "aiperf", concurrency: Seque
     model_dir, info = local_model_dir(deploy_dir)
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
-            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+            openai_front(model_dir, 0)(server) as front_lines:
         for line in server.endpoints.lines() + front_lines:
             echo("  " + line)
         if loadgen == "builtin":

@@ -1,0 +1,127 @@
+"""The gRPC front: a pass-through proxy (grpcio's asyncio server and channel) before tritonserver's gRPC port.
+
+tritonserver 2.51 takes gRPC messages of any size (it has no option to bound them): a 1 GiB prompt
+was received whole, held by tritonserver and its stub. Here grpcio's own `max_receive_message_length`
+refuses an oversize message (RESOURCE_EXHAUSTED) before it is passed on, `maximum_concurrent_rpcs`
+bounds the calls in flight, and every call goes upstream with the secret header of tritonserver's
+restricted protocols (only the fronts hold it). Messages are relayed as bytes, never decoded. A
+client that cancels (or disconnects) cancels its handler, and so the upstream call: tritonserver
+then cancels the request, and the model drops it from its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+
+_STREAMING = {"/inference.GRPCInferenceService/ModelStreamInfer"}
+UPSTREAM_MAX_MESSAGE = 256 << 20  # answers from tritonserver (text: small)
+
+
+class GrpcFront:
+    """Runs its own asyncio loop in a thread; `start()` binds the public port."""
+
+    def __init__(self, host: str, port: int, upstream_port: int, *, max_message: int,
+                 upstream_metadata: dict[str, str], max_calls: int) -> None:
+        self.host, self.port, self.upstream_port = host, port, upstream_port
+        self.max_message, self.max_calls = max_message, max_calls
+        self.metadata = tuple(upstream_metadata.items())
+        self._secret_keys = {k.lower() for k in upstream_metadata}
+        self._loop = asyncio.new_event_loop()
+        self._server: grpc.aio.Server | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._loop.run_until_complete(self._setup())
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trtbuild-grpc-front", daemon=True)
+        self._thread.start()
+
+    async def _setup(self) -> None:
+        self._channel = grpc.aio.insecure_channel(
+            f"127.0.0.1:{self.upstream_port}",
+            options=[("grpc.max_receive_message_length", UPSTREAM_MAX_MESSAGE),
+                     ("grpc.max_send_message_length", self.max_message)])
+        self._server = grpc.aio.server(
+            handlers=[_Proxy(self)], maximum_concurrent_rpcs=self.max_calls,
+            options=[("grpc.max_receive_message_length", self.max_message),
+                     ("grpc.max_send_message_length", UPSTREAM_MAX_MESSAGE),
+                     ("grpc.so_reuseport", 0)])
+        bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise OSError(f"cannot listen on {self.host}:{self.port}")
+        self.port = bound
+        await self._server.start()
+
+    def close(self, grace_s: float = 5.0) -> None:
+        if self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            if self._server is not None:
+                await self._server.stop(grace_s)
+            if self._channel is not None:
+                await self._channel.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=grace_s + 10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._thread = None
+        self._loop.close()
+
+    # -- calls -------------------------------------------------------------------------------
+    def metadata_for(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
+        theirs = tuple((k, v) for k, v in (context.invocation_metadata() or ())
+                       if k.lower() not in self._secret_keys and not k.startswith("grpc-"))
+        return theirs + self.metadata
+
+    async def unary(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        assert self._channel is not None
+        call = self._channel.unary_unary(method)(request, metadata=self.metadata_for(context),
+                                                 timeout=context.time_remaining())
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+        finally:
+            call.cancel()  # a no-op once done; cancels upstream when this handler is cancelled
+        raise AssertionError("unreachable")
+
+    async def stream(self, method: str, requests: AsyncIterator[bytes],
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        assert self._channel is not None
+        call = self._channel.stream_stream(method)(requests, metadata=self.metadata_for(context),
+                                                   timeout=context.time_remaining())
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+        finally:
+            call.cancel()
+
+
+class _Proxy(grpc.GenericRpcHandler):
+    def __init__(self, front: GrpcFront) -> None:
+        self.front = front
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        if method in _STREAMING:
+            async def stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                async for response in self.front.stream(method, requests, context):
+                    yield response
+
+            return grpc.stream_stream_rpc_method_handler(stream)
+
+        async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await self.front.unary(method, request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary)
