@@ -25,7 +25,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from trtbuild.openai_api.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse
 from trtbuild.openai_api.text import PromptText, StopText
@@ -43,6 +42,7 @@ class FrontConfig:
     context_tokens: int = 4096  # the target's positions: prompt + completion must fit
     max_prompt_bytes: int = 1 << 20  # longer prompts cannot fit the context (textgen.prompt_byte_limit)
     upstream_headers: tuple[tuple[str, str], ...] = ()  # the key of tritonserver's restricted APIs
+    problem: Callable[[], str | None] = lambda: None  # why the model cannot answer now (503), if so
 
 
 @dataclass
@@ -79,7 +79,7 @@ async def openai_errors(request: web.Request, handler: Callable[[web.Request], A
 
 
 async def _body(request: web.Request) -> Any:
-    from trtbuild.triton.listener import read_body
+    from trtbuild.triton.listener import BodyError, read_body
 
     charset = request.charset or "utf-8"
     try:
@@ -88,8 +88,8 @@ async def _body(request: web.Request) -> Any:
         raise OpenAIError(400, f"unknown charset {charset!r} in Content-Type; send UTF-8") from None
     try:
         raw = await read_body(request)
-    except HttpProcessingError as exc:  # e.g. Content-Encoding br, or a deflate body that does not inflate
-        raise OpenAIError(400, f"the request body cannot be decoded: {exc.message}") from None
+    except BodyError as exc:  # e.g. Content-Encoding br, or a deflate body that does not inflate
+        raise OpenAIError(400, str(exc)) from None
     try:
         body = json.loads(raw.decode(charset))
         json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates (\ud800) cannot be sent on
@@ -201,12 +201,20 @@ async def models(request: web.Request) -> web.Response:
                                               "created": int(time.time()), "owned_by": "trtbuild"}]})
 
 
+def _check_up(config: FrontConfig) -> None:
+    problem = config.problem()
+    if problem is not None:
+        raise OpenAIError(503, problem, type="server_error")
+
+
 async def health(request: web.Request) -> web.Response:
+    _check_up(request.app[CONFIG])
     return web.Response(status=200)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
+    _check_up(config)
     req = parse(CompletionRequest, await _body(request))
     _check_model(config, req.model)
     gen = await Generation.start(config, request.app[SESSION], req.prompt, req, req.max_tokens)
@@ -230,6 +238,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
+    _check_up(config)
     req = parse(ChatCompletionRequest, await _body(request))
     _check_model(config, req.model)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ HOST = "127.0.0.1"
 
 
 def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
-                 upstream_headers: dict[str, str] | None = None) -> FrontConfig:
+                 upstream_headers: dict[str, str] | None = None,
+                 problem: Callable[[], str | None] | None = None) -> FrontConfig:
     """The front for a local repository's model: its tokenizer and defaults from config.pbtxt, its
     prompt limits from the target's context (the same the model applies)."""
     import json
@@ -51,7 +53,8 @@ def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
                        default_max_tokens=int(params["default_max_tokens"]),
                        eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []),
                        context_tokens=context, max_prompt_bytes=prompt_byte_limit(tokenizer, context, configured),
-                       upstream_headers=tuple((upstream_headers or {}).items()))
+                       upstream_headers=tuple((upstream_headers or {}).items()),
+                       problem=problem or (lambda: None))
 
 
 class OpenAIFront:

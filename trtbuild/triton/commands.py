@@ -35,7 +35,8 @@ def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
         from trtbuild.openai_api.runner import OpenAIFront, front_config
 
         # straight to tritonserver's own port, with the key only the fronts hold
-        config = front_config(model_dir, server.triton_http, upstream_headers=server.upstream_headers)
+        config = front_config(model_dir, server.triton_http, upstream_headers=server.upstream_headers,
+                              problem=server.problem)
         with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
             yield [f"OpenAI   {front.url}  (/models, /completions, /chat/completions; "
                    f"model \"{config.model_id}\")"]

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from trtbuild.triton.listener import Limits, Listener, handler_settings, read_body
+from trtbuild.triton.listener import BodyError, Limits, Listener, handler_settings, read_body
 
 UPSTREAM_READ_TIMEOUT_S = 600.0
 _ALLOWED_GET = ("/v2", "/v2/health/live", "/v2/health/ready")
@@ -105,6 +105,7 @@ class Front:
         self.upstream_headers = dict(upstream_headers or {})
         self.accepting = True  # False while draining: new requests get 503
         self.upstream_up = True  # False while tritonserver restarts
+        self.problem: Callable[[], str | None] = lambda: None  # a reason to answer 503 (a stopped model)
         self.listener = Listener(limits or Limits.from_fd_limit())
         self._models: dict[str, dict[str, Any]] = {}
         self._loop = asyncio.new_event_loop()
@@ -166,6 +167,8 @@ class Front:
             except web.HTTPRequestEntityTooLarge:
                 raise Refused(413, f"the body is over {self.max_body} bytes; this server takes at most "
                               f"{self.max_body}") from None
+            except BodyError as exc:
+                raise Refused(400, str(exc)) from None
             self._check_body(request, body)
         route = _model_route(request.path)
         if request.method == "POST" and route and route[1] in ("/generate", "/generate_stream"):
@@ -179,6 +182,10 @@ class Front:
             raise Refused(503, "the server is shutting down")
         if not self.upstream_up:
             raise Refused(503, "the server is restarting; try again shortly")
+        if request.path != "/v2/health/live":
+            problem = self.problem()
+            if problem is not None:
+                raise Refused(503, problem)
         if "Origin" in request.headers:
             raise Refused(403, "requests from web pages (an Origin header) are not served")
         path, method = request.path, request.method

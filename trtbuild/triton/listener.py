@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 HEAD_TIMEOUT_S = 15.0  # aiohttp keepalive_timeout: whole request head (or the next one) within this
 BODY_TIMEOUT_S = 30.0  # the whole body within this once the head is in
@@ -167,9 +168,17 @@ class Listener:
         return True
 
 
+class BodyError(Exception):
+    """A body that cannot be read: undecodable Content-Encoding (br without brotli, bad deflate)."""
+
+
 async def read_body(request: web.Request, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
     """The request body within `client_max_size` and `timeout_s` (a slow body is a 408)."""
     try:
         return await asyncio.wait_for(request.read(), timeout_s)
     except TimeoutError:
         raise web.HTTPRequestTimeout(text=f"the body did not arrive within {timeout_s:.0f} s") from None
+    except (web.RequestPayloadError, HttpProcessingError) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else exc
+        message = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+        raise BodyError(f"the request body cannot be decoded: {str(message).strip()}") from None

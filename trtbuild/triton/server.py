@@ -200,6 +200,7 @@ class TritonServer:
         self.triton_http_port = free_port() if front else self.endpoints.http_port
         self.triton_grpc_port = free_port() if front else self.endpoints.grpc_port
         self.warnings: list[str] = []
+        self._problem: tuple[float, str | None] = (0.0, None)
 
     @property
     def upstream_headers(self) -> dict[str, str]:
@@ -269,6 +270,7 @@ class TritonServer:
                                 max_body=self._front_options[0], max_depth=self._front_options[1],
                                 upstream_headers=self.upstream_headers, limits=limits)
             self._front.upstream_up = False
+            self._front.problem = self.problem
             self._front.start()
             self._grpc_front = GrpcFront(HOST, self.endpoints.grpc_port, self.triton_grpc_port,
                                          max_message=self._front_options[0], upstream_metadata=self.upstream_metadata,
@@ -400,6 +402,24 @@ class TritonServer:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
+
+    def problem(self) -> str | None:
+        """Why the model cannot answer although tritonserver runs (its readiness does not see it):
+        a process of its group stopped (SIGSTOP, a debugger). Read from /proc at most every 0.5 s."""
+        checked, found = self._problem
+        if time.monotonic() - checked < 0.5:
+            return found
+        found = None
+        pgid = self.pid
+        if pgid is not None:
+            for member in group_members(pgid):
+                with contextlib.suppress(OSError, IndexError):
+                    state = (Path("/proc") / str(member) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state in ("T", "t"):
+                        found = f"the model process {member} is stopped; requests cannot be answered"
+                        break
+        self._problem = (time.monotonic(), found)
+        return found
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
