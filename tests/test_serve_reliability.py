@@ -183,6 +183,19 @@ def test_2000_idle_connections_with_1024_files(served: Serve) -> None:
             for sock in socks:
                 sock.close()
     assert served.proc.poll() is None and served.grpc_ready()
+    # gRPC (grpcio accepts by itself): idle connections are closed after its handshake timeout
+    from trtbuild.triton.grpc_front import HANDSHAKE_TIMEOUT_S
+
+    socks = _open_idle(served.ports[1], 600)
+    try:
+        time.sleep(HANDSHAKE_TIMEOUT_S + 3)
+        fds = psutil.Process(served.proc.pid).num_fds()
+        assert fds < FD_LIMIT - 100, fds
+        assert served.answering() and served.grpc_ready(), "".join(served.log)
+        print(f"gRPC port: {len(socks)} idle connections opened; serve holds {fds} fds after the handshake timeout")
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def test_slow_head_and_slow_body_are_closed(served: Serve) -> None:

@@ -3,10 +3,12 @@
 tritonserver 2.51 takes gRPC messages of any size (it has no option to bound them): a 1 GiB prompt
 was received whole, held by tritonserver and its stub. Here grpcio's own `max_receive_message_length`
 refuses an oversize message (RESOURCE_EXHAUSTED) before it is passed on, `maximum_concurrent_rpcs`
-bounds the calls in flight, and every call goes upstream with the secret header of tritonserver's
-restricted protocols (only the fronts hold it). Messages are relayed as bytes, never decoded. A
-client that cancels (or disconnects) cancels its handler, and so the upstream call: tritonserver
-then cancels the request, and the model drops it from its batch.
+bounds the calls in flight, a connection that does not finish its HTTP/2 handshake in 10 s
+or stays idle for 5 minutes is closed (grpcio's server settings), and every call goes upstream
+with the secret header of tritonserver's restricted protocols (only the fronts hold it). Messages
+are relayed as bytes, never decoded. A client that cancels (or disconnects) cancels its handler,
+and so the upstream call: tritonserver then cancels the request, and the model drops it from its
+batch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import grpc.aio
 
 _STREAMING = {"/inference.GRPCInferenceService/ModelStreamInfer"}
 UPSTREAM_MAX_MESSAGE = 256 << 20  # answers from tritonserver (text: small)
+HANDSHAKE_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 300.0  # clients (tritonclient) reconnect by themselves
 
 
 class GrpcFront:
@@ -52,7 +56,10 @@ class GrpcFront:
             handlers=[_Proxy(self)], maximum_concurrent_rpcs=self.max_calls,
             options=[("grpc.max_receive_message_length", self.max_message),
                      ("grpc.max_send_message_length", UPSTREAM_MAX_MESSAGE),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0),
+                     # a connection that never speaks HTTP/2, or stays idle, gives its descriptor back
+                     ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000)),
+                     ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000))])
         bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
         if bound == 0:
             raise OSError(f"cannot listen on {self.host}:{self.port}")
