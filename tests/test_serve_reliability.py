@@ -260,6 +260,43 @@ def test_abandoned_non_streaming_requests_are_cancelled(served: Serve) -> None:
     assert waited < 4 * one + 1.0, (waited, one)
 
 
+def test_1_gib_grpc_prompt_is_refused_before_it_is_received(served: Serve) -> None:
+    """Finding 6: tritonserver held 3.4 GB and its stub 4.3 GB for one 1 GiB gRPC prompt."""
+    import grpc
+
+    if psutil.virtual_memory().available < 4 << 30:
+        pytest.skip("needs 4 GiB of free memory for the 1 GiB message this test sends")
+    procs = [psutil.Process(pid) for pid in (served.proc.pid, *group_members(served.triton_pid))]
+    before = {p.pid: p.memory_info().rss for p in procs}
+    peak = dict(before)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    peak[p.pid] = max(peak[p.pid], p.memory_info().rss)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    message = bytes(1 << 30)
+    try:
+        with grpc.insecure_channel(served.grpc) as channel:
+            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+            with pytest.raises(grpc.RpcError) as caught:
+                list(call(iter([message]), timeout=120))
+    finally:
+        del message
+        done.set()
+        sampler.join()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value
+    grown = {pid: (peak[pid] - before[pid]) >> 20 for pid in before}
+    print(f"1 GiB gRPC prompt: peak RSS growth MiB by pid {grown} (serve is {served.proc.pid})")
+    assert all(mib < 256 for mib in grown.values()), grown
+    assert served.answering()
+
+
 def test_long_prompts_are_refused_by_the_context_and_do_not_stall_others(served: Serve) -> None:
     gaps: list[float] = []
 
