@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import BuildError, UserError
-from trtbuild.triton.listener import Limits, raise_fd_limit
 
 HOST = "127.0.0.1"
 DRAIN_MARGIN_S = 15  # after the drain file: time for the model to cut its requests and unload
@@ -238,10 +237,11 @@ class TritonServer:
             f"--log-verbose={self.log_verbose}",
             f"--http-restricted-api={ADMIN_APIS}:{ADMIN_KEY_HEADER}={secret(0)}",
             f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_KEY_HEADER}={secret(0)}",
-            f"--http-restricted-api={FRONT_APIS}:{FRONT_KEY_HEADER}={secret(1)}",
-            f"--grpc-restricted-protocol={FRONT_APIS}:{FRONT_KEY_HEADER}={secret(1)}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
+        if self._front_options is not None:  # the fronts hold the public ports, and the key
+            cmd += [f"--http-restricted-api={FRONT_APIS}:{FRONT_KEY_HEADER}={secret(1)}",
+                    f"--grpc-restricted-protocol={FRONT_APIS}:{FRONT_KEY_HEADER}={secret(1)}"]
         if not self.auto_complete_config:
             cmd.append("--disable-auto-complete-config")
         return cmd
@@ -255,6 +255,8 @@ class TritonServer:
             if not repo.is_dir():
                 raise UserError(f"model repository not found: {repo}",
                                 fix="run `trtbuild deploy RECIPE` first")
+        from trtbuild.triton.listener import Limits, raise_fd_limit
+
         raise_fd_limit()
         end_orphans()
         for port in (self.endpoints.http_port, self.endpoints.grpc_port, self.endpoints.metrics_port):
