@@ -186,7 +186,7 @@ def test_2000_idle_connections_with_1024_files(served: Serve) -> None:
     # gRPC (grpcio accepts by itself): idle connections are closed after its handshake timeout
     from trtbuild.triton.grpc_front import HANDSHAKE_TIMEOUT_S
 
-    socks = _open_idle(served.ports[1], 600)
+    socks = _open_idle(served.ports[1], 2000)
     try:
         time.sleep(HANDSHAKE_TIMEOUT_S + 3)
         fds = psutil.Process(served.proc.pid).num_fds()

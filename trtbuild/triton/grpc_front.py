@@ -9,18 +9,28 @@ with the secret header of tritonserver's restricted protocols (only the fronts h
 are relayed as bytes, never decoded. A client that cancels (or disconnects) cancels its handler,
 and so the upstream call: tritonserver then cancels the request, and the model drops it from its
 batch.
+
+grpcio accepts connections by itself, without a cap, so 2,000 idle connections would take every
+file descriptor of the process (the HTTP fronts' too). The public port is therefore held by
+trtbuild.triton.listener (the same caps as the HTTP fronts, from the open-file limit), which relays
+each connection's bytes to the grpcio server on a unix socket in a private directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
+
+from trtbuild.triton.listener import Limits, Listener
 
 _STREAMING = {"/inference.GRPCInferenceService/ModelStreamInfer"}
 UPSTREAM_MAX_MESSAGE = 256 << 20  # answers from tritonserver (text: small)
@@ -32,9 +42,12 @@ class GrpcFront:
     """Runs its own asyncio loop in a thread; `start()` binds the public port."""
 
     def __init__(self, host: str, port: int, upstream_port: int, *, max_message: int,
-                 upstream_metadata: dict[str, str], max_calls: int) -> None:
+                 upstream_metadata: dict[str, str], limits: Limits) -> None:
         self.host, self.port, self.upstream_port = host, port, upstream_port
-        self.max_message, self.max_calls = max_message, max_calls
+        self.max_message, self.max_calls = max_message, limits.total
+        self.listener = Listener(limits)
+        self._dir = Path(tempfile.mkdtemp(prefix="trtbuild-grpc-"))  # 0700: only this user connects
+        self._socket = self._dir / "grpc.sock"
         self.metadata = tuple(upstream_metadata.items())
         self._secret_keys = {k.lower() for k in upstream_metadata}
         self._loop = asyncio.new_event_loop()
@@ -43,6 +56,7 @@ class GrpcFront:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self.port = self.listener.bind(self.host, self.port)
         self._loop.run_until_complete(self._setup())
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtbuild-grpc-front", daemon=True)
         self._thread.start()
@@ -60,17 +74,39 @@ class GrpcFront:
                      # a connection that never speaks HTTP/2, or stays idle, gives its descriptor back
                      ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000)),
                      ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000))])
-        bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
-        if bound == 0:
-            raise OSError(f"cannot listen on {self.host}:{self.port}")
-        self.port = bound
+        if self._server.add_insecure_port(f"unix:{self._socket}") == 0:
+            raise OSError(f"cannot listen on {self._socket}")
         await self._server.start()
+        self.listener.start(lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=1 << 16), self._relay))
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        """One public connection's bytes to and from the grpcio server, as they come."""
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(str(self._socket))
+        except OSError:
+            client_writer.close()
+            return
+        transport = client_writer.transport
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(1 << 16):
+                    self.listener.touch(transport)
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pump(client_reader, up_writer), pump(up_reader, client_writer), return_exceptions=True)
 
     def close(self, grace_s: float = 5.0) -> None:
         if self._thread is None:
             return
 
         async def shutdown() -> None:
+            await self.listener.close()
             if self._server is not None:
                 await self._server.stop(grace_s)
             if self._channel is not None:
@@ -82,6 +118,7 @@ class GrpcFront:
         self._thread.join(timeout=5)
         self._thread = None
         self._loop.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- calls -------------------------------------------------------------------------------
     def metadata_for(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:

@@ -70,11 +70,13 @@ class _Conn:
     client: str
     opened: float
     busy: int = 0  # requests in flight
+    active: float = 0.0  # last time bytes passed (connections relayed as bytes: the gRPC front)
 
 
 @dataclass
 class Listener:
-    """Accepts on one socket and hands connections to an aiohttp `web.Server` within the limits."""
+    """Accepts on one socket and hands connections to a protocol factory (an aiohttp `web.Server`,
+    or the gRPC front's byte relay) within the limits."""
 
     limits: Limits
     conns: dict[asyncio.Transport, _Conn] = field(default_factory=dict)
@@ -92,8 +94,14 @@ class Listener:
         self._sock = sock
         return sock.getsockname()[1]
 
-    def start(self, server: web.Server) -> None:
+    def start(self, server: Callable[[], asyncio.BaseProtocol]) -> None:
         self._task = asyncio.ensure_future(self._accept(server))
+
+    def touch(self, transport: asyncio.BaseTransport | None) -> None:
+        """Bytes passed on this connection: not idle for a second (see `_evict`)."""
+        conn = self.conns.get(transport) if transport is not None else None  # type: ignore[arg-type]
+        if conn is not None:
+            conn.active = time.monotonic()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -123,7 +131,7 @@ class Listener:
                 conn.busy -= 1
 
     # -- the accept loop ---------------------------------------------------------------------
-    async def _accept(self, server: web.Server) -> None:
+    async def _accept(self, server: Callable[[], asyncio.BaseProtocol]) -> None:
         loop = asyncio.get_running_loop()
         assert self._sock is not None
         while True:
@@ -158,7 +166,8 @@ class Listener:
         return len(self.conns) < self.limits.total or self._evict(list(self.conns.values()))
 
     def _evict(self, candidates: list[_Conn]) -> bool:
-        idle = [c for c in candidates if c.busy == 0]
+        now = time.monotonic()
+        idle = [c for c in candidates if c.busy == 0 and now - c.active > 1.0]
         if not idle:
             return False
         oldest = min(idle, key=lambda c: c.opened)

@@ -267,7 +267,7 @@ class TritonServer:
             from trtbuild.triton.front import Front
             from trtbuild.triton.grpc_front import GrpcFront
 
-            limits = Limits.from_fd_limit()
+            limits = Limits.from_fd_limit()  # a relayed gRPC connection costs 3 descriptors, not 2
             self._front = Front(HOST, self.endpoints.http_port, self.triton_http_port,
                                 max_body=self._front_options[0], max_depth=self._front_options[1],
                                 upstream_headers=self.upstream_headers, limits=limits)
@@ -276,7 +276,7 @@ class TritonServer:
             self._front.start()
             self._grpc_front = GrpcFront(HOST, self.endpoints.grpc_port, self.triton_grpc_port,
                                          max_message=self._front_options[0], upstream_metadata=self.upstream_metadata,
-                                         max_calls=limits.total)
+                                         limits=Limits(total=limits.total * 2 // 3, per_client=limits.per_client * 2 // 3))
             self._grpc_front.start()
         self._launch(ready_timeout_s)
         return self.endpoints
