@@ -1,4 +1,5 @@
-"""The listening side of trtbuild's HTTP fronts (the Triton front and the OpenAI front), both aiohttp.
+"""The listening side of trtbuild's fronts: the Triton HTTP front and the OpenAI front (aiohttp), and
+the gRPC front (its connections relayed as bytes to grpcio, trtbuild.triton.grpc_front).
 
 aiohttp does the HTTP (parsing, keep-alive, chunking, HTTP/1.0) and these of its own settings bound
 what one connection may cost: `keepalive_timeout` closes a connection that has not sent a whole
