@@ -277,7 +277,10 @@ class Front:
         assert self._session is not None
         prompts = fields.get("text_input")  # one stream flag per prompt: the model's own checks then apply
         stream: Any = [True] * len(prompts) if isinstance(prompts, list) and prompts else True
-        headers = {**self._forward_headers(request), "Content-Type": "application/json"}
+        # identity: the events are parsed here (a client's Accept-Encoding applies to our answer, not this)
+        headers = {k: v for k, v in self._forward_headers(request).items()
+                   if k.lower() not in ("content-type", "accept-encoding")}
+        headers.update({"Content-Type": "application/json", "Accept-Encoding": "identity"})
         try:
             async with self._session.post(f"{self.upstream}/v2/models/{model}/generate_stream",
                                           data=json.dumps({**fields, "stream": stream}).encode(),
