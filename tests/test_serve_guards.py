@@ -114,6 +114,10 @@ def test_preloaded_library_fills_the_key_in_and_keeps_it_off_the_command_line(tm
     assert out[0] == "--key=x:k=s3cr3t"  # what the program reads
     assert "@@TRTBUILD_SECRET0@@" in out[1] and "s3cr3t" not in out[1]  # what /proc shows everyone
     assert out[2] == "None None"  # nor passed on to its children
+    env["TRTBUILD_LD_PRELOAD_REST"] = "libkept.so"  # a preload of the user's own stays for the children
+    out = subprocess.run([sys.executable, "-c", probe, "x"], env=env, capture_output=True, text=True, timeout=60,
+                         check=True).stdout.splitlines()
+    assert out[2] == "None libkept.so"
 
 
 @needs_cc

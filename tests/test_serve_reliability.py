@@ -216,6 +216,7 @@ def test_slow_head_and_slow_body_are_closed(served: Serve) -> None:
              (served.ports[0], body.replace(b"/v1/completions", GENERATE.encode()))]
     with ThreadPoolExecutor(len(cases)) as pool:
         took = list(pool.map(lambda case: slow(*case), cases))
+    print(f"slow head / slow body closed after (OpenAI, OpenAI, Triton, Triton) s: {[round(t, 1) for t in took]}")
     assert all(t < HEAD_TIMEOUT_S + BODY_TIMEOUT_S + 10 for t in took), took
     assert took[0] < HEAD_TIMEOUT_S + 5 and took[2] < HEAD_TIMEOUT_S + 5, took
 
@@ -256,6 +257,7 @@ def test_abandoned_non_streaming_requests_are_cancelled(served: Serve) -> None:
     started = time.monotonic()
     assert served.complete(24).status_code == 200
     waited = time.monotonic() - started
+    print(f"after 16 abandoned requests: a 24-token request took {waited:.2f} s (alone: {one:.2f} s)")
     # Run to their end, the 16 x 200 tokens would hold the batch of 4 for ~30 x `one`.
     assert waited < 4 * one + 1.0, (waited, one)
 

@@ -302,7 +302,8 @@ class TritonServer:
         if shim is not None:
             env.update({f"TRTBUILD_SECRET{n}": key for n, key in enumerate(keys)})
             env["TRTBUILD_PARENT_PID"] = str(os.getpid())
-            env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(shim), env.get("LD_PRELOAD")) if p)
+            env["TRTBUILD_LD_PRELOAD_REST"] = env.get("LD_PRELOAD", "")
+            env["LD_PRELOAD"] = " ".join(p for p in (str(shim), env.get("LD_PRELOAD")) if p)
             cmd = self.command(backend_dir, dist)
         else:
             self.warnings.append("no C compiler (cc): tritonserver's API key is on its command line and it "

@@ -8,8 +8,8 @@
  *    the original argument area, with the placeholder.
  * 2. tritonserver dies with its supervisor: PR_SET_PDEATHSIG(SIGKILL); if the supervisor
  *    (TRTBUILD_PARENT_PID) is already gone, exit at once.
- * The variables and LD_PRELOAD are removed from the environment, so the python backend stubs
- * tritonserver starts inherit neither. */
+ * The variables and this library's LD_PRELOAD entry are removed from the environment, so the
+ * python backend stubs tritonserver starts inherit neither. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -49,11 +49,18 @@ static void die_with_parent(void) {
     unsetenv("TRTBUILD_PARENT_PID");
 }
 
+static void restore_preload(void) {
+    const char *rest = getenv("TRTBUILD_LD_PRELOAD_REST"); /* what LD_PRELOAD held before trtbuild's */
+    if (rest != NULL && rest[0] != '\0') setenv("LD_PRELOAD", rest, 1);
+    else unsetenv("LD_PRELOAD");
+    unsetenv("TRTBUILD_LD_PRELOAD_REST");
+}
+
 static void trtbuild_start(int argc, char **argv, char **envp) {
     (void)envp;
     fill_secrets(argc, argv);
     die_with_parent();
-    unsetenv("LD_PRELOAD");
+    restore_preload();
 }
 
 __attribute__((section(".init_array"), used)) static void (*trtbuild_init)(int, char **, char **) = trtbuild_start;
