@@ -1,16 +1,17 @@
 """The listening side of trtbuild's fronts: the Triton HTTP front and the OpenAI front (aiohttp), and
 the gRPC front (its connections relayed as bytes to grpcio, trtbuild.triton.grpc_front).
 
-aiohttp does the HTTP (parsing, keep-alive, chunking, HTTP/1.0) and these of its own settings bound
-what one connection may cost: `keepalive_timeout` closes a connection that has not sent a whole
-request head in that time (idle keep-alive and slow headers alike), `max_line_size` / `max_field_size`
-/ `max_headers` bound the head, `client_max_size` the body, `handler_cancellation` cancels the handler
-of a request whose client went away. aiohttp has no cap on connections, so the accept loop here is
-ours: it hands accepted sockets to aiohttp (`loop.connect_accepted_socket`) and keeps the number of
-open connections under a total and a per-client cap, both derived from the open-file limit. At a cap
-the oldest *idle* connection (no request in flight) of that client (or of anyone, for the total) is
-closed to make room; when every connection is busy the new one is closed instead. Running out of
-file descriptors anyway (EMFILE) pauses accepting briefly; it never ends the loop.
+aiohttp does the HTTP (parsing, keep-alive, chunking, HTTP/1.0) and these of its own settings
+bound what one connection may cost: `keepalive_timeout` closes a connection that has not sent a
+whole request head in that time (idle keep-alive and slow headers alike), `max_line_size` /
+`max_field_size` / `max_headers` bound the head, `client_max_size` the body, `lingering_time` what
+is read after a refusal, `handler_cancellation` cancels the handler of a request whose client went
+away. aiohttp has no cap on connections, so the accept loop here is ours: it hands accepted
+sockets to aiohttp (`loop.connect_accepted_socket`) and keeps the number of open connections under
+a total and a per-client cap, both derived from the open-file limit. At a cap the oldest *idle*
+connection (no request in flight) of that client (or of anyone, for the total) is closed to make
+room; when every connection is busy the new one is closed instead. Running out of file
+descriptors anyway (EMFILE) pauses accepting briefly; it never ends the loop.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 HEAD_TIMEOUT_S = 15.0  # aiohttp keepalive_timeout: whole request head (or the next one) within this
 BODY_TIMEOUT_S = 30.0  # the whole body within this once the head is in
+LINGER_S = 2.0  # after refusing a body: how long aiohttp still reads what the client sends (default 10)
 MAX_LINE = 8190
 MAX_FIELD = 8190
 MAX_HEADERS = 64
@@ -40,7 +42,8 @@ FRONTS = 3  # Triton HTTP, OpenAI, gRPC: they share the process's file descripto
 def handler_settings() -> dict[str, Any]:
     """aiohttp server settings both HTTP fronts run with (AppRunner keyword arguments)."""
     return {"keepalive_timeout": HEAD_TIMEOUT_S, "max_line_size": MAX_LINE, "max_field_size": MAX_FIELD,
-            "max_headers": MAX_HEADERS, "handler_cancellation": True, "access_log": None}
+            "max_headers": MAX_HEADERS, "handler_cancellation": True, "access_log": None,
+            "lingering_time": LINGER_S}
 
 
 def raise_fd_limit() -> int:
