@@ -109,21 +109,23 @@ def test_70_mb_prompt_is_refused_before_tokenizing(served: Served) -> None:
     response = served.post(GENERATE, json.dumps({"text_input": prompt, "max_tokens": 4}))
     assert response.status_code == 413 and "at most" in response.json()["error"]
     assert time.monotonic() - started < 30
-    # gRPC has no front: the model itself refuses by byte count before decoding or tokenizing.
+    # gRPC: the front refuses a message over its size limit (grpcio's max receive length); below
+    # it, the model itself refuses by byte count before decoding or tokenizing.
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(served.grpc)
-    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
-    text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
-    results: list = []
-    client.start_stream(callback=lambda result, error: results.append(error))
-    started = time.monotonic()
-    client.async_stream_infer("llm", [text])
-    while not results and time.monotonic() - started < 60:
-        time.sleep(0.1)
-    client.stop_stream()
-    assert results and results[0] is not None and "this deployment takes at most 1048576" in str(results[0])
+    for size, expected in ((70 << 20, "larger than max"), (2 << 20, "this deployment takes at most")):
+        client = grpcclient.InferenceServerClient(served.grpc)
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[prompt[:size].encode()]], dtype=np.object_))
+        results: list = []
+        client.start_stream(callback=lambda result, error: results.append(error))  # noqa: B023
+        started = time.monotonic()
+        client.async_stream_infer("llm", [text])
+        while not results and time.monotonic() - started < 60:
+            time.sleep(0.1)
+        client.stop_stream()
+        assert results and results[0] is not None and expected in str(results[0]), (size, results)
     assert served.healthy()
 
 
@@ -167,7 +169,7 @@ def test_restricted_apis_and_browser_requests(served: Served) -> None:
     assert served.post(GENERATE, json.dumps({"text_input": "def"}), Origin="http://evil.example").status_code == 403
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(served.grpc)  # no front on gRPC: tritonserver refuses
+    client = grpcclient.InferenceServerClient(served.grpc)  # through the gRPC front: tritonserver refuses
     for call in (client.get_system_shared_memory_status, client.get_log_settings, client.get_trace_settings):
         with pytest.raises(Exception, match="restricted"):
             call()

@@ -3,11 +3,18 @@
 /v1/models, /v1/completions and /v1/chat/completions (JSON or server-sent events), /health.
 Each request becomes one streamed Triton request (`upstream.generate_stream`); this layer only
 renders the chat template, applies stop sequences, counts usage and shapes OpenAI bodies.
-Every failure is answered as OpenAI does: {"error": {"message", "type", "param", "code"}}.
+Every failure is answered as OpenAI does: {"error": {"message", "type", "param", "code"}}; a body
+that cannot be read as UTF-8 JSON (an unknown charset, a Content-Encoding aiohttp cannot decode, a
+lone surrogate) is a 400. Prompts are limited by the model's context: by bytes before tokenizing,
+by tokens after; tokenizing and the chat template run on the default executor, off the event loop.
+A client that goes away cancels its handler (aiohttp's handler_cancellation), streaming or not,
+and with it the Triton stream, which cancels the generation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import json
 import logging
 import time
@@ -32,6 +39,10 @@ class FrontConfig:
     prompts: PromptText
     default_max_tokens: int  # when a request sets none (the deployment's default_max_tokens)
     eos_ids: frozenset[int]
+    context_tokens: int = 4096  # the target's positions: prompt + completion must fit
+    max_prompt_bytes: int = 1 << 20  # longer prompts cannot fit the context (textgen.prompt_byte_limit)
+    upstream_headers: tuple[tuple[str, str], ...] = ()  # the key of tritonserver's restricted APIs
+    problem: Callable[[], str | None] = lambda: None  # why the model cannot answer now (503), if so
 
 
 @dataclass
@@ -68,17 +79,32 @@ async def openai_errors(request: web.Request, handler: Callable[[web.Request], A
 
 
 async def _body(request: web.Request) -> Any:
+    from trtbuild.triton.listener import BodyError, read_body
+
+    charset = request.charset or "utf-8"
     try:
-        return await request.json()
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # ValueError: also a 5000-digit integer
-        raise OpenAIError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
+        codecs.lookup(charset)
+    except LookupError:
+        raise OpenAIError(400, f"unknown charset {charset!r} in Content-Type; send UTF-8") from None
+    try:
+        raw = await read_body(request)
+    except BodyError as exc:  # e.g. Content-Encoding br, or a deflate body that does not inflate
+        raise OpenAIError(400, str(exc)) from None
+    try:
+        body = json.loads(raw.decode(charset))
+        json.dumps(body, ensure_ascii=False).encode("utf-8")  # lone surrogates (\ud800) cannot be sent on
+    except UnicodeError as exc:
+        raise OpenAIError(400, f"the request body is not valid Unicode text: {exc.reason}") from None
+    except (ValueError, RecursionError) as exc:
+        raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
+    return body
 
 
 class Generation:
     """One request through Triton: stop sequences, token counts, finish reason."""
 
     def __init__(self, config: FrontConfig, session: aiohttp.ClientSession, prompt: str, req: Any,
-                 budget: int | None) -> None:
+                 budget: int | None, prompt_tokens: int) -> None:
         self.config, self.session = config, session
         self.max_tokens = budget or config.default_max_tokens
         self.fields: dict[str, Any] = {"text_input": prompt, "max_tokens": self.max_tokens,
@@ -86,12 +112,28 @@ class Generation:
         if req.seed is not None:
             self.fields["seed"] = req.seed
         self.stop = StopText(req.stops)
-        self.prompt_tokens = config.prompts.count(prompt)
+        self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.last_id: int | None = None
 
+    @classmethod
+    async def start(cls, config: FrontConfig, session: aiohttp.ClientSession, prompt: str, req: Any,
+                    budget: int | None) -> Generation:
+        """Checks the prompt against the context (bytes first, then tokens counted off the loop)."""
+        size = len(prompt.encode("utf-8"))
+        if size > config.max_prompt_bytes:
+            raise OpenAIError(400, f"the prompt is {size} bytes; this model's context of {config.context_tokens} "
+                              f"tokens holds at most {config.max_prompt_bytes}", param="prompt",
+                              code="context_length_exceeded")
+        count = await asyncio.get_running_loop().run_in_executor(None, config.prompts.count, prompt)
+        if count >= config.context_tokens:  # the model checks prompt + max_tokens itself
+            raise OpenAIError(400, f"This model's maximum context length is {config.context_tokens} tokens; "
+                              f"the prompt alone is {count}.", param="prompt", code="context_length_exceeded")
+        return cls(config, session, prompt, req, budget, count)
+
     async def deltas(self) -> AsyncIterator[str]:
-        stream = generate_stream(self.session, self.config.triton_url, self.config.triton_model, self.fields)
+        stream = generate_stream(self.session, self.config.triton_url, self.config.triton_model, self.fields,
+                                 headers=dict(self.config.upstream_headers))
         try:
             async for text, ids in stream:
                 self.completion_tokens += len(ids)
@@ -159,15 +201,23 @@ async def models(request: web.Request) -> web.Response:
                                               "created": int(time.time()), "owned_by": "trtbuild"}]})
 
 
+def _check_up(config: FrontConfig) -> None:
+    problem = config.problem()
+    if problem is not None:
+        raise OpenAIError(503, problem, type="server_error")
+
+
 async def health(request: web.Request) -> web.Response:
+    _check_up(request.app[CONFIG])
     return web.Response(status=200)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
+    _check_up(config)
     req = parse(CompletionRequest, await _body(request))
     _check_model(config, req.model)
-    gen = Generation(config, request.app[SESSION], req.prompt, req, req.max_tokens)
+    gen = await Generation.start(config, request.app[SESSION], req.prompt, req, req.max_tokens)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": config.model_id}
     if not req.stream:
@@ -188,10 +238,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
+    _check_up(config)
     req = parse(ChatCompletionRequest, await _body(request))
     _check_model(config, req.model)
-    prompt = config.prompts.chat([{"role": m.role, "content": m.text()} for m in req.messages])
-    gen = Generation(config, request.app[SESSION], prompt, req, req.token_budget)
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    if sum(len(m["content"]) for m in messages) > config.max_prompt_bytes:  # before rendering the template
+        raise OpenAIError(400, f"the messages are over {config.max_prompt_bytes} characters; this model's context "
+                          f"of {config.context_tokens} tokens holds fewer", param="messages",
+                          code="context_length_exceeded")
+    prompt = await asyncio.get_running_loop().run_in_executor(None, config.prompts.chat, messages)
+    gen = await Generation.start(config, request.app[SESSION], prompt, req, req.token_budget)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": config.model_id}
     if not req.stream:
@@ -215,13 +271,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _sse(request, events())
 
 
-def create_app(config: FrontConfig) -> web.Application:
-    app = web.Application(middlewares=[openai_errors])  # aiohttp's 1 MiB body limit stays
+def create_app(config: FrontConfig, *middlewares: Any) -> web.Application:
+    # aiohttp's 1 MiB body limit stays; `middlewares` come first (the listener's busy marks)
+    app = web.Application(middlewares=[*middlewares, openai_errors])
     app[CONFIG] = config
 
     async def session_context(app: web.Application) -> AsyncIterator[None]:
-        # no connection cap: every OpenAI request holds one Triton stream for its whole life
-        connector = aiohttp.TCPConnector(limit=0)
+        # no connection cap (the listener caps the clients, each holds one Triton stream);
+        # force_close: no idle connection is left for tritonserver to wait on when it stops
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             app[SESSION] = session

@@ -2,6 +2,9 @@
 
 `trtbuild serve` / `demo` start it once Triton is ready and stop it first on shutdown: it stops
 accepting, lets in-flight requests finish (they still need Triton), then Triton drains.
+Connections are bounded by aiohttp's own settings and trtbuild.triton.listener's caps (the same
+as the Triton front's): head and keep-alive timeout, body timeout, connections in total and per
+client; a client that goes away cancels its request (aiohttp's handler_cancellation).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class OpenAIFront:
         self.drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: Any = None
+        self._listener: Any = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -37,12 +41,14 @@ class OpenAIFront:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            self._runner = web.AppRunner(create_app(self.config), shutdown_timeout=self.drain_timeout_s,
-                                         access_log=None)
+            from trtbuild.triton.listener import Limits, Listener, handler_settings
+
+            self._listener = Listener(Limits.from_fd_limit())
+            self.port = self._listener.bind(self.host, self.port)
+            self._runner = web.AppRunner(create_app(self.config, self._listener.middleware),
+                                         shutdown_timeout=self.drain_timeout_s, **handler_settings())
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
-            await site.start()
-            self.port = self._runner.addresses[0][1]
+            self._listener.start(self._runner.server)
 
         def main() -> None:
             assert self._loop is not None
@@ -72,7 +78,11 @@ class OpenAIFront:
         loop, runner = self._loop, self._runner
         if loop is None or runner is None:
             return
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(self.drain_timeout_s + 10)
+        async def shutdown() -> None:
+            await self._listener.close()
+            await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(self.drain_timeout_s + 10)
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -29,12 +29,14 @@ def _error(status: int, message: str) -> OpenAIError:
                        type="server_error")
 
 
-async def generate_stream(session: aiohttp.ClientSession, base_url: str, model: str,
-                          fields: dict[str, Any]) -> AsyncIterator[tuple[str, list[int]]]:
-    """(text delta, token ids) per decode step of one request."""
+async def generate_stream(session: aiohttp.ClientSession, base_url: str, model: str, fields: dict[str, Any],
+                          headers: dict[str, str] | None = None) -> AsyncIterator[tuple[str, list[int]]]:
+    """(text delta, token ids) per decode step of one request; `headers` go with it (the key of
+    tritonserver's restricted APIs)."""
     body = {**fields, "stream": True}
     try:
-        async with session.post(f"{base_url}/v2/models/{model}/generate_stream", json=body) as response:
+        async with session.post(f"{base_url}/v2/models/{model}/generate_stream", json=body,
+                                headers=headers) as response:
             if response.status != 200:
                 text = (await response.text()).strip()
                 try:  # a JSON body, or (generate_stream) one server-sent event holding it

@@ -30,13 +30,19 @@ def local_model_dir(deploy_dir: Path) -> tuple[Path, dict[str, Any]]:
     return deploy_dir / local["repository"] / local["model"], info
 
 
-def front_config(model_dir: Path, triton_http: str, model_id: str | None = None) -> FrontConfig:
-    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt."""
+def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
+                 upstream_headers: dict[str, str] | None = None,
+                 problem: Callable[[], str | None] | None = None) -> FrontConfig:
+    """The front for a local repository's model: its tokenizer and defaults from config.pbtxt, its
+    prompt limits from the target's context (the same the model applies)."""
+    import json
+
     from transformers import AutoTokenizer
 
     from trtbuild.openai_api.app import FrontConfig
     from trtbuild.openai_api.text import PromptText
     from trtbuild.triton.pbtxt import parameters_of, parse_config
+    from trtbuild.triton.textgen import prompt_byte_limit
 
     params = parameters_of(parse_config(model_dir / "config.pbtxt"))
     tokenizer_dir = (model_dir / params["tokenizer_dir"]).resolve()
@@ -46,10 +52,19 @@ def front_config(model_dir: Path, triton_http: str, model_id: str | None = None)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     eos = tokenizer.eos_token_id
     base = triton_http if triton_http.startswith("http") else f"http://{triton_http}"
+    target_config = (model_dir / params["target_dir"]).resolve() / "config.json"
+    try:
+        context = int(json.loads(target_config.read_text()).get("max_position_embeddings") or 4096)
+    except (OSError, ValueError, TypeError):
+        context = 4096  # the runtime's default (trtbuild.runtime.target)
+    configured = int(params.get("max_prompt_bytes") or 1 << 20)
     return FrontConfig(model_id=model_id or model_dir.name, triton_url=base, triton_model=model_dir.name,
                        prompts=PromptText(tokenizer, params.get("add_special_tokens") == "true"),
                        default_max_tokens=int(params["default_max_tokens"]),
-                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []))
+                       eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []),
+                       context_tokens=context, max_prompt_bytes=prompt_byte_limit(tokenizer, context, configured),
+                       upstream_headers=tuple((upstream_headers or {}).items()),
+                       problem=problem or (lambda: None))
 
 
 def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
@@ -57,10 +72,12 @@ def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
     """For `serve(attach=...)`: the OpenAI-compatible API in front of the started Triton server."""
 
     @contextlib.contextmanager
-    def attach(endpoints: Any) -> Iterator[list[str]]:
+    def attach(server: Any) -> Iterator[list[str]]:
         from trtbuild.openai_api.runner import OpenAIFront
 
-        config = front_config(model_dir, endpoints.http)
+        # straight to tritonserver's own port, with the key only the fronts hold
+        config = front_config(model_dir, server.triton_http, upstream_headers=server.upstream_headers,
+                              problem=server.problem)
         with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
             yield [f"OpenAI   {front.url}  (/models, /completions, /chat/completions; "
                    f"model \"{config.model_id}\")"]
@@ -151,7 +168,7 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
     prompt = prompt or default_prompts(1, chars=60)[0]
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
-            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+            openai_front(model_dir, 0)(server) as front_lines:
         for line in server.endpoints.lines([model_dir.name]) + front_lines:
             echo("  " + line)
         answer = client.generate(server.endpoints.http, model_dir.name, prompt, max_tokens)
@@ -255,7 +272,7 @@ def bench_local(deploy_dir: Path, *, loadgen: str = "aiperf", concurrency: Seque
     model_dir, info = local_model_dir(deploy_dir)
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
-            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+            openai_front(model_dir, 0)(server) as front_lines:
         for line in server.endpoints.lines() + front_lines:
             echo("  " + line)
         if loadgen == "builtin":

@@ -13,8 +13,12 @@ and each keeps its own sampler and speculative state (trtbuild.runtime.batch). W
 gets a response per decode step, else one response with all the text (what /generate needs).
 Without the decoupled policy, `execute` decodes the requests it is handed together and answers them.
 Bad values are answered with INVALID_ARG, which HTTP clients see as a 400 with the message: a
-value of the wrong type too, and a prompt over `max_prompt_bytes` (checked on the raw bytes, before
-decoding or tokenizing). Every request, streaming or not, is checked for cancellation every
+value of the wrong type too, and a prompt over the byte limit (checked on the raw bytes, before
+decoding or tokenizing): `max_prompt_bytes`, or less when the model's context cannot hold that
+many bytes (positions x the longest token, textgen.prompt_byte_limit); a prompt whose tokens and
+max_tokens exceed the context is refused once tokenized. Requests are parsed and tokenized on a
+thread of their own, so a long prompt never stalls the decode steps of the others. Every request,
+streaming or not, is checked for cancellation every
 CANCEL_CHECK_S, so an abandoned one leaves the batch. On shutdown the server creates the file named
 by TRTBUILD_DRAIN_FILE when the drain time is up: requests in flight end then (streams with their
 last piece sent, others with UNAVAILABLE), new ones are answered UNAVAILABLE.
@@ -91,15 +95,21 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.default_max_tokens = int(params["default_max_tokens"])
         self.max_tokens_limit = int(params["max_tokens_limit"])
-        self.max_prompt_bytes = int(params.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES)
         self.generator = generator_from_params(params, model_dir)
+        from trtbuild.triton.textgen import prompt_byte_limit
+
+        self.max_prompt_bytes = prompt_byte_limit(self.generator.tokenizer, self.generator.generator.target.max_positions,
+                                                  int(params.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES))
         speculate_up_to = int(params["speculative_max_batch"]) if params.get("speculative_max_batch") else None
         schedule = {int(size): int(n) for size, n in json.loads(params.get("draft_len_schedule") or "{}").items()}
         self.batcher = TextBatcher(self.generator, max(1, max_batch_size), speculate_up_to, schedule or None)
         self._tags = itertools.count()
         self._warm_up()
-        self.work: queue.Queue[Any] = queue.Queue()
+        self.incoming: queue.Queue[Any] = queue.Queue()  # requests, to parse and tokenize
+        self.work: queue.Queue[Any] = queue.Queue()  # (sender, prepared request or BadRequest), to decode
         self.outbox: queue.Queue[Any] = queue.Queue()
+        self.preparing = threading.Thread(target=self._prepare_loop, name="trtbuild-tokenize", daemon=True)
+        self.preparing.start()
         self.worker = threading.Thread(target=self._loop, name="trtbuild-decode", daemon=True)
         self.worker.start()
         self.sending = threading.Thread(target=self._send_loop, name="trtbuild-send", daemon=True)
@@ -205,8 +215,28 @@ class TritonPythonModel:
         if not self.decoupled:
             return self.answer_together(requests)
         for request in requests:
-            self.work.put(request)
+            self.incoming.put(request)
         return None
+
+    def _prepare_loop(self) -> None:
+        """Parses and tokenizes requests off the decode thread (which only adds them to the batch)."""
+        from trtbuild.errors import UserError
+
+        while True:
+            request = self.incoming.get()
+            if request is None:
+                self.work.put(None)
+                return
+            sender = request.get_response_sender()
+            try:
+                gen, stream = self.parse(request)
+                prepared: Any = (gen, stream, self.generator.prepare(gen))
+            except (BadRequest, UserError) as exc:
+                prepared = exc
+            except Exception as exc:  # a tokenizer failure is this request's, not the model's
+                pb_utils.Logger.log_error(traceback.format_exc())
+                prepared = BadRequest(f"the prompt could not be tokenized: {exc}")
+            self.work.put((sender, prepared))
 
     # -- decoupled: the in-flight batch ------------------------------------------------------
     def _loop(self) -> None:
@@ -247,18 +277,20 @@ class TritonPythonModel:
                 checked = time.monotonic()
             self._step(active, cancelled)
 
-    def _start(self, request: Any, active: dict[int, tuple[Any, bool]]) -> None:
+    def _start(self, item: tuple[Any, Any], active: dict[int, tuple[Any, bool]]) -> None:
         from trtbuild.errors import UserError
 
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        sender = request.get_response_sender()
+        sender, prepared = item
         try:
             if draining():
                 self.outbox.put((sender, self.unavailable("the server is shutting down"), final))
                 return
-            gen, stream = self.parse(request)
+            if isinstance(prepared, Exception):
+                raise prepared
+            gen, stream, tokens = prepared
             tag = next(self._tags)
-            self.batcher.submit(gen, tag)
+            self.batcher.submit(gen, tag, prepared=tokens)
             active[tag] = (sender, stream)
         except (BadRequest, UserError) as exc:
             self.outbox.put((sender, self.error(str(exc), bad_request=True), final))
@@ -308,7 +340,8 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         # Triton drains in-flight requests before unloading; the decode thread finishes what it has.
-        self.work.put(None)
+        self.incoming.put(None)  # the tokenizing thread passes it on to the decode thread
+        self.preparing.join(timeout=30)
         self.worker.join(timeout=30)
         self.outbox.put(None)  # after the decode thread: its last responses are queued before this
         self.sending.join(timeout=30)

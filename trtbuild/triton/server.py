@@ -10,11 +10,19 @@ pytriton/server/triton_server.py):
 - the stub's interpreter finds its prefix from PATH: the environment's `bin` goes first, which
   makes the stub use this virtual environment's site-packages (torch, the runtime).
 
-The server binds 127.0.0.1 only, and clients reach its HTTP endpoint through trtbuild's validating
-front (trtbuild.triton.front: body size, JSON depth, routes, field types, cancellation of abandoned
-requests). tritonserver itself restricts the shared-memory, model-repository, logging and trace APIs
-(HTTP and gRPC) to a header only this process knows, runs with umask 077 (its shared-memory regions
-are private to its user) and names its python-backend regions with a prefix of its own.
+The server binds 127.0.0.1 only, and clients reach it only through trtbuild's fronts, which hold
+the public ports: HTTP (trtbuild.triton.front: body size, JSON depth, routes, field types,
+cancellation of abandoned requests, connection caps) and gRPC (trtbuild.triton.grpc_front: message
+size, cancellation). tritonserver's own ports are free ports on 127.0.0.1, which any local user
+could reach, so every API there is restricted (--http-restricted-api / --grpc-restricted-protocol)
+to a header whose value only the fronts hold; the shared-memory, model-repository, logging and trace
+APIs to a second one nobody holds. Neither value is on tritonserver's command line (world-readable
+in /proc): a small preloaded library (native/argv_secrets.c) fills them in from the environment.
+tritonserver runs with umask 077 (its shared-memory regions are private to its user) and names its
+python-backend regions with a prefix of its own.
+
+tritonserver dies with its supervisor (the same library sets PR_SET_PDEATHSIG), and a pid file per
+HTTP port lets the next `serve` end what a SIGKILLed one left (its stubs) before it binds the ports.
 
 Stopping (SIGINT/SIGTERM to `serve`): the front refuses new requests, tritonserver gets SIGINT and
 finishes the requests in flight for up to `exit_timeout_s`; when that time is up the drain file is
@@ -27,6 +35,8 @@ no child and no region outlives `stop`. `serve` restarts a tritonserver that die
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import re
 import secrets
@@ -51,7 +61,11 @@ HOST = "127.0.0.1"
 DRAIN_MARGIN_S = 15  # after the drain file: time for the model to cut its requests and unload
 MAX_BODY_BYTES = 8 << 20
 MAX_JSON_DEPTH = 32
-RESTRICTED_APIS = "shared-memory,model-repository,logging,trace"
+ADMIN_APIS = "shared-memory,model-repository,logging,trace"  # nobody: the key is never sent
+FRONT_APIS = "health,metadata,inference,model-config,statistics"  # the fronts: they send the key
+FRONT_KEY_HEADER = "trtbuild-front-key"
+ADMIN_KEY_HEADER = "trtbuild-admin-key"
+SHIM_SOURCE = Path(__file__).with_name("native") / "argv_secrets.c"
 # Error lines every CPU-only start prints; they are not why a start failed.
 _BENIGN = ("CudaDriverHelper has not been initialized",)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the trtbuild package
@@ -176,21 +190,44 @@ class TritonServer:
         self._log_path: Path | None = None
         self.last_pid: int | None = None  # the server's pid (and process group), kept after stop()
         self._failed = False
-        self._admin_key = secrets.token_hex(16)  # the header that unlocks the restricted APIs: never sent
+        self._admin_key = secrets.token_hex(16)  # unlocks the admin APIs: never sent
+        self._front_key = secrets.token_hex(16)  # unlocks the rest: only the fronts send it
         self.shm_prefix = f"trtbuild_{secrets.token_hex(6)}_"
         self._front: Any = None
+        self._grpc_front: Any = None
         self._front_options = (max_body_bytes, max_json_depth) if front else None
         self.triton_http_port = free_port() if front else self.endpoints.http_port
+        self.triton_grpc_port = free_port() if front else self.endpoints.grpc_port
+        self.warnings: list[str] = []
+        self._problem: tuple[float, str | None] = (0.0, None)
+
+    @property
+    def upstream_headers(self) -> dict[str, str]:
+        """What a front sends with each request to tritonserver's own ports."""
+        return {FRONT_KEY_HEADER: self._front_key}
+
+    @property
+    def upstream_metadata(self) -> dict[str, str]:
+        """The same for gRPC: tritonserver expects the key prefixed (triton-grpc-protocol-<key>)."""
+        return {f"triton-grpc-protocol-{FRONT_KEY_HEADER}": self._front_key}
+
+    @property
+    def triton_http(self) -> str:
+        """tritonserver's own HTTP endpoint (needs `upstream_headers`)."""
+        return f"{HOST}:{self.triton_http_port}"
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def command(self, backend_dir: Path, dist: TritonDist) -> list[str]:
+    def command(self, backend_dir: Path, dist: TritonDist, secret: Callable[[int], str] | None = None) -> list[str]:
+        """tritonserver's argv; `secret(n)` writes the n-th secret (default: a placeholder the
+        preloaded library fills in, see native/argv_secrets.c)."""
+        secret = secret or (lambda n: f"@@TRTBUILD_SECRET{n}@@")
         cmd = [str(dist.binary)]
         for repo in self.repositories:
             cmd.append(f"--model-repository={repo}")
         cmd += [
             f"--backend-directory={backend_dir}",
             f"--http-address={HOST}", f"--http-port={self.triton_http_port}",
-            f"--grpc-address={HOST}", f"--grpc-port={self.endpoints.grpc_port}",
+            f"--grpc-address={HOST}", f"--grpc-port={self.triton_grpc_port}",
             "--allow-metrics=true", f"--metrics-address={HOST}",
             f"--metrics-port={self.endpoints.metrics_port}",
             "--allow-gpu-metrics=false",
@@ -198,10 +235,13 @@ class TritonServer:
             f"--exit-timeout-secs={self.exit_timeout_s + DRAIN_MARGIN_S}",
             "--exit-on-error=true", "--strict-readiness=true",
             f"--log-verbose={self.log_verbose}",
-            f"--http-restricted-api={RESTRICTED_APIS}:trtbuild-admin={self._admin_key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:trtbuild-admin={self._admin_key}",
+            f"--http-restricted-api={ADMIN_APIS}:{ADMIN_KEY_HEADER}={secret(0)}",
+            f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_KEY_HEADER}={secret(0)}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
+        if self._front_options is not None:  # the fronts hold the public ports, and the key
+            cmd += [f"--http-restricted-api={FRONT_APIS}:{FRONT_KEY_HEADER}={secret(1)}",
+                    f"--grpc-restricted-protocol={FRONT_APIS}:{FRONT_KEY_HEADER}={secret(1)}"]
         if not self.auto_complete_config:
             cmd.append("--disable-auto-complete-config")
         return cmd
@@ -215,17 +255,29 @@ class TritonServer:
             if not repo.is_dir():
                 raise UserError(f"model repository not found: {repo}",
                                 fix="run `trtbuild deploy RECIPE` first")
+        from trtbuild.triton.listener import Limits, raise_fd_limit
+
+        raise_fd_limit()
+        end_orphans()
         for port in (self.endpoints.http_port, self.endpoints.grpc_port, self.endpoints.metrics_port):
             if _port_in_use(port):
                 raise UserError(f"port {port} on {HOST} is already in use",
                                 fix="stop what listens there or choose other ports (deploy.http_port, ...)")
         if self._front_options is not None and self._front is None:
             from trtbuild.triton.front import Front
+            from trtbuild.triton.grpc_front import GrpcFront
 
+            limits = Limits.from_fd_limit()  # a relayed gRPC connection costs 3 descriptors, not 2
             self._front = Front(HOST, self.endpoints.http_port, self.triton_http_port,
-                                max_body=self._front_options[0], max_depth=self._front_options[1])
+                                max_body=self._front_options[0], max_depth=self._front_options[1],
+                                upstream_headers=self.upstream_headers, limits=limits)
             self._front.upstream_up = False
+            self._front.problem = self.problem
             self._front.start()
+            self._grpc_front = GrpcFront(HOST, self.endpoints.grpc_port, self.triton_grpc_port,
+                                         max_message=self._front_options[0], upstream_metadata=self.upstream_metadata,
+                                         limits=Limits(total=limits.total * 2 // 3, per_client=limits.per_client * 2 // 3))
+            self._grpc_front.start()
         self._launch(ready_timeout_s)
         return self.endpoints
 
@@ -245,13 +297,25 @@ class TritonServer:
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
         env = server_env(dist)
         env["TRTBUILD_DRAIN_FILE"] = str(self.drain_file)
+        shim = build_shim(work)
+        keys = (self._admin_key, self._front_key)
+        if shim is not None:
+            env.update({f"TRTBUILD_SECRET{n}": key for n, key in enumerate(keys)})
+            env["TRTBUILD_PARENT_PID"] = str(os.getpid())
+            env["TRTBUILD_LD_PRELOAD_REST"] = env.get("LD_PRELOAD", "")
+            env["LD_PRELOAD"] = " ".join(p for p in (str(shim), env.get("LD_PRELOAD")) if p)
+            cmd = self.command(backend_dir, dist)
+        else:
+            self.warnings.append("no C compiler (cc): tritonserver's API key is on its command line and it "
+                                 "will not die with `serve`; install gcc to fix both")
+            cmd = self.command(backend_dir, dist, secret=lambda n: keys[n])
         with open(self._log_path, "ab") as log:
             # Own session: the server's process group holds it and its python stubs, so stop()
             # can make sure none of them is left behind. umask 077: its shared memory is its own.
-            self._proc = subprocess.Popen(self.command(backend_dir, dist), stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=env, cwd=work, start_new_session=True, umask=0o077)
         self.last_pid = self._proc.pid
+        write_pid_file(self.endpoints.http_port, self._proc.pid, self.shm_prefix)
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:
@@ -274,7 +338,7 @@ class TritonServer:
         self._launch(ready_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        url = f"http://{HOST}:{self.triton_http_port}/v2/health/ready"
+        url = urllib.request.Request(f"http://{self.triton_http}/v2/health/ready", headers=self.upstream_headers)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.secure_shm()
@@ -295,11 +359,13 @@ class TritonServer:
 
     def secure_shm(self) -> None:
         """The python backend creates its regions mode 0644 whatever the umask (boost fchmods them):
-        make them private to this user as soon as they appear, before any prompt passes through."""
-        for region in shm_regions(self.shm_prefix):
-            with contextlib.suppress(OSError):
-                if region.stat().st_mode & 0o077:
-                    region.chmod(0o600)
+        make them private to this user as soon as they appear, before any prompt passes through.
+        Out of file descriptors (EMFILE), the scan waits for the next round."""
+        with contextlib.suppress(OSError):
+            for region in shm_regions(self.shm_prefix):
+                with contextlib.suppress(OSError):
+                    if region.stat().st_mode & 0o077:
+                        region.chmod(0o600)
 
     def death_reason(self) -> str:
         """Why the process ended: the signal or exit code first (a crash logs nothing telling), then
@@ -340,6 +406,24 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def problem(self) -> str | None:
+        """Why the model cannot answer although tritonserver runs (its readiness does not see it):
+        a process of its group stopped (SIGSTOP, a debugger). Read from /proc at most every 0.5 s."""
+        checked, found = self._problem
+        if time.monotonic() - checked < 0.5:
+            return found
+        found = None
+        pgid = self.pid
+        if pgid is not None:
+            for member in group_members(pgid):
+                with contextlib.suppress(OSError, IndexError):
+                    state = (Path("/proc") / str(member) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state in ("T", "t"):
+                        found = f"the model process {member} is stopped; requests cannot be answered"
+                        break
+        self._problem = (time.monotonic(), found)
+        return found
+
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
@@ -366,9 +450,13 @@ class TritonServer:
                     proc.kill()
                     code = proc.wait()
             self._reap(proc)
+            remove_pid_file(self.endpoints.http_port, proc.pid)
         if self._front is not None:
             self._front.close()
             self._front = None
+        if self._grpc_front is not None:
+            self._grpc_front.close()
+            self._grpc_front = None
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None
@@ -429,6 +517,97 @@ def remove_shm(prefix: str) -> None:
             region.unlink()
 
 
+def build_shim(where: Path) -> Path | None:
+    """Compile native/argv_secrets.c into `where` (tritonserver's private work dir); None without cc."""
+    import shutil
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not SHIM_SOURCE.is_file():
+        return None
+    out = where / f"argv_secrets_{hashlib.sha256(SHIM_SOURCE.read_bytes()).hexdigest()[:12]}.so"
+    result = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM_SOURCE)],
+                            capture_output=True, timeout=120, check=False)
+    return out if result.returncode == 0 and out.is_file() else None
+
+
+# -- what a SIGKILLed `serve` leaves: a pid file per HTTP port ----------------------------------
+
+def pid_dir() -> Path:
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    return base / f"trtbuild-serve-{os.getuid()}"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): tells a pid from a reused one."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def write_pid_file(http_port: int, triton_pid: int, shm_prefix: str) -> None:
+    directory = pid_dir()
+    with contextlib.suppress(OSError):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        if directory.is_symlink() or directory.stat().st_uid != os.getuid():
+            return
+        record = {"supervisor": os.getpid(), "supervisor_start": _start_time(os.getpid()),
+                  "tritonserver": triton_pid, "tritonserver_start": _start_time(triton_pid),
+                  "shm_prefix": shm_prefix}
+        tmp = directory / f".serve-{http_port}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(directory / f"serve-{http_port}.json")
+
+
+def remove_pid_file(http_port: int, triton_pid: int) -> None:
+    path = pid_dir() / f"serve-{http_port}.json"
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("tritonserver") == triton_pid:
+            path.unlink()
+
+
+def _ours(pid: int) -> bool:
+    """A process of this user that is tritonserver or one of its python-backend stubs."""
+    try:
+        if (Path("/proc") / str(pid)).stat().st_uid != os.getuid():
+            return False
+        cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"tritonserver" in cmdline or b"triton_python_backend_stub" in cmdline
+
+
+def end_orphans() -> list[int]:
+    """End the tritonserver process groups of `serve`s that are gone (SIGKILL, OOM killer) and
+    remove their shared memory; returns the pids ended. Pid files of live supervisors are kept."""
+    directory = pid_dir()
+    ended: list[int] = []
+    if not directory.is_dir() or directory.is_symlink():
+        return ended
+    for path in directory.glob("serve-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            supervisor, pgid = int(record["supervisor"]), int(record["tritonserver"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _start_time(supervisor) is not None and _start_time(supervisor) == record.get("supervisor_start"):
+            continue  # that serve still runs
+        members = [pid for pid in group_members(pgid) if _ours(pid)]
+        if members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while group_members(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            ended += members
+        prefix = str(record.get("shm_prefix", ""))
+        if prefix.startswith("trtbuild_"):
+            remove_shm(prefix)
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return ended
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes in a process group (read from /proc; zombies excluded)."""
     members = []
@@ -460,7 +639,7 @@ def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int
           metrics_port: int = 8002, models: Sequence[str] = (), exit_timeout_s: int = 30,
           log_file: Path | None = None, echo: Callable[[str], None] = print, ready_timeout_s: float = 300.0,
           stop_event: threading.Event | None = None,
-          attach: Callable[[Endpoints], contextlib.AbstractContextManager[list[str]]] | None = None) -> int:
+          attach: Callable[[TritonServer], contextlib.AbstractContextManager[list[str]]] | None = None) -> int:
     """`trtbuild serve`: start, print the endpoints, block until SIGINT/SIGTERM, stop gracefully.
 
     A tritonserver that dies is started again on the same ports (the front answers 503 meanwhile),
@@ -484,14 +663,19 @@ def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int
         echo(f"tritonserver ready (pid {server.pid}); Ctrl-C stops it")
         for line in endpoints.lines(models):
             echo("  " + line)
-        with attach(endpoints) if attach else contextlib.nullcontext([]) as attached:
+        with attach(server) if attach else contextlib.nullcontext([]) as attached:
             for line in attached:
                 echo("  " + line)
+            for line in server.warnings:
+                echo("  warning: " + line)
             while not stop.wait(0.5):
                 if server.is_running():
                     server.secure_shm()  # regions made later (a new instance) become private too
                     continue
-                reason = server.death_reason()
+                try:
+                    reason = server.death_reason()
+                except OSError as exc:  # out of file descriptors: the log cannot be read just now
+                    reason = f"{server._how_it_ended()}; log unreadable ({exc.strerror})"
                 now = time.monotonic()
                 deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
                 if len(deaths) > MAX_RESTARTS:

@@ -68,11 +68,12 @@ class TextBatcher:
     def tags(self) -> list[Hashable]:
         return list(self._live)
 
-    def submit(self, request: GenRequest, tag: Hashable) -> None:
-        """Queues a request (bad ones raise UserError before anything is queued)."""
+    def submit(self, request: GenRequest, tag: Hashable, prepared: tuple[list[int], Any, Any] | None = None) -> None:
+        """Queues a request (bad ones raise UserError before anything is queued). `prepared` is
+        `TextGenerator.prepare(request)` done elsewhere (the server tokenizes off the decode thread)."""
         if tag in self._live:
             raise ValueError(f"tag {tag!r} is already decoding")
-        ids, sampling, spec = self.text.prepare(request)
+        ids, sampling, spec = prepared or self.text.prepare(request)
         speculator = self.speculator if spec is not None else None
         seq = self.decoder.add(ids, request.max_tokens, sampling=sampling, speculator=speculator,
                                draft_slack=self.draft_len if speculator else 0)

@@ -160,6 +160,14 @@ class TextGenerator:
         return Result(text=self.decode(ids), ids=ids, stats=stats, chunks=chunks)
 
 
+def prompt_byte_limit(tokenizer: Any, positions: int, configured: int) -> int:
+    """The most bytes a prompt that fits the model's context can have: its positions times the
+    longest token's UTF-8 length (a token's string is never shorter than the text it stands for),
+    capped by the deployment's `max_prompt_bytes`. Longer prompts are refused before tokenizing."""
+    longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=1)
+    return max(1, min(configured, positions * max(longest, 1)))
+
+
 def generator_from_params(params: dict[str, str], model_dir: Path) -> TextGenerator:
     """The generator a local model's config.pbtxt parameters describe (paths relative to the model dir).
 
