@@ -199,7 +199,7 @@ def test_2000_idle_connections_with_1024_files(served: Serve) -> None:
 
 
 def test_slow_head_and_slow_body_are_closed(served: Serve) -> None:
-    from trtbuild.triton.listener import BODY_TIMEOUT_S, HEAD_TIMEOUT_S
+    from trtbuild.listener import BODY_TIMEOUT_S, HEAD_TIMEOUT_S
 
     def slow(port: int, data: bytes) -> float:
         started = time.monotonic()

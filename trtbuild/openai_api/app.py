@@ -79,7 +79,7 @@ async def openai_errors(request: web.Request, handler: Callable[[web.Request], A
 
 
 async def _body(request: web.Request) -> Any:
-    from trtbuild.triton.listener import BodyError, read_body
+    from trtbuild.listener import BodyError, read_body
 
     charset = request.charset or "utf-8"
     try:

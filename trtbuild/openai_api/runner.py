@@ -2,7 +2,7 @@
 
 `trtbuild serve` / `demo` start it once Triton is ready and stop it first on shutdown: it stops
 accepting, lets in-flight requests finish (they still need Triton), then Triton drains.
-Connections are bounded by aiohttp's own settings and trtbuild.triton.listener's caps (the same
+Connections are bounded by aiohttp's own settings and trtbuild.listener's caps (the same
 as the Triton front's): head and keep-alive timeout, body timeout, connections in total and per
 client; a client that goes away cancels its request (aiohttp's handler_cancellation).
 """
@@ -41,7 +41,7 @@ class OpenAIFront:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            from trtbuild.triton.listener import Limits, Listener, handler_settings
+            from trtbuild.listener import Limits, Listener, handler_settings
 
             self._listener = Listener(Limits.from_fd_limit())
             self.port = self._listener.bind(self.host, self.port)

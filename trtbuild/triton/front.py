@@ -1,6 +1,6 @@
 """The validating HTTP front before tritonserver's HTTP endpoint (what `trtbuild serve` exposes).
 
-HTTP itself is aiohttp's, on both sides (trtbuild.triton.listener: its server settings, the
+HTTP itself is aiohttp's, on both sides (trtbuild.listener: its server settings, the
 connection caps); what is ours are the checks tritonserver lacks. tritonserver 2.51 has no request
 size limit and parses request JSON recursively (a 100 KB body of nested brackets kills it), and its
 own port answers only requests that carry a secret header which the fronts add (--http-restricted-api,
@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from trtbuild.triton.listener import BodyError, Limits, Listener, handler_settings, read_body
+from trtbuild.listener import BodyError, Limits, Listener, handler_settings, read_body
 
 UPSTREAM_READ_TIMEOUT_S = 600.0
 _ALLOWED_GET = ("/v2", "/v2/health/live", "/v2/health/ready")

@@ -12,7 +12,7 @@ batch.
 
 grpcio accepts connections by itself, without a cap, so 2,000 idle connections would take every
 file descriptor of the process (the HTTP fronts' too). The public port is therefore held by
-trtbuild.triton.listener (the same caps as the HTTP fronts, from the open-file limit), which relays
+trtbuild.listener (the same caps as the HTTP fronts, from the open-file limit), which relays
 each connection's bytes to the grpcio server on a unix socket in a private directory.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from trtbuild.triton.listener import Limits, Listener
+from trtbuild.listener import Limits, Listener
 
 _STREAMING = {"/inference.GRPCInferenceService/ModelStreamInfer"}
 UPSTREAM_MAX_MESSAGE = 256 << 20  # answers from tritonserver (text: small)

@@ -255,7 +255,7 @@ class TritonServer:
             if not repo.is_dir():
                 raise UserError(f"model repository not found: {repo}",
                                 fix="run `trtbuild deploy RECIPE` first")
-        from trtbuild.triton.listener import Limits, raise_fd_limit
+        from trtbuild.listener import Limits, raise_fd_limit
 
         raise_fd_limit()
         end_orphans()
