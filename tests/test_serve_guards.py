@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from trtbuild.triton import server as server_mod
 from trtbuild.listener import Limits, Listener, handler_settings
+from trtbuild.triton import server as server_mod
 from trtbuild.triton.server import build_shim, end_orphans, group_members, write_pid_file
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
