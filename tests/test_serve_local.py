@@ -141,6 +141,11 @@ def test_eight_clients_twenty_requests_each(served: Served, reference: dict) -> 
     ({"text_input": ["a", "b"]}, "send one prompt per request (got 2)"),
     ({"text_input": ["a", "b"], "max_tokens": 4}, "batch size does not match"),  # Triton's own check
     ({"text_input": "def", "top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+    # issue 24 finding 9: checked at the front, before tritonserver's C cast would wrap them
+    ({"text_input": "def", "max_tokens": 2**32 + 8}, "max_tokens must be a whole number in [-2147483648, 2147483647]"),
+    ({"text_input": "def", "max_tokens": 2**31}, "max_tokens must be a whole number in"),
+    ({"text_input": "def", "max_tokens": True}, "max_tokens must be a whole number, got True"),
+    ({"text_input": "def", "top_k": 2**32 + 1}, "top_k must be a whole number in"),
 ])
 def test_malformed_request_is_a_clear_4xx(served: Served, reference: dict, body: dict, message: str) -> None:
     response = requests.post(f"http://{served.http}/v2/models/llm/generate", json=body, timeout=60)

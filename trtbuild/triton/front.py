@@ -32,14 +32,13 @@ import aiohttp
 from aiohttp import web
 
 from trtbuild.listener import BodyError, Limits, Listener, handler_settings, read_body
+from trtbuild.triton.field_ranges import field_problem
 
 UPSTREAM_READ_TIMEOUT_S = 600.0
 _ALLOWED_GET = ("/v2", "/v2/health/live", "/v2/health/ready")
 _MODEL_GET = ("", "/ready", "/config", "/stats")
 _MODEL_POST = ("/infer", "/generate", "/generate_stream")
 _BROWSER_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
-_JSON_TYPES = {"TYPE_STRING": (str,), "TYPE_BOOL": (bool,), "TYPE_FP32": (int, float), "TYPE_FP16": (int, float),
-               "TYPE_FP64": (int, float), "TYPE_BF16": (int, float)}
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp sets itself: never relayed.
 _HOP = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                   "host", "content-length", "proxy-authorization", "proxy-authenticate"))
@@ -269,8 +268,9 @@ class Front:
             raise Refused(400, "the body must be a JSON object of the model's inputs")
         inputs = (await self._model(model)).get("inputs", {})
         for name, datatype in inputs.items():
-            if name in fields and not _type_ok(fields[name], datatype):
-                raise Refused(400, f"{name} must be {_type_word(datatype)}, got {json.dumps(fields[name])[:40]}")
+            problem = field_problem(name, fields[name], datatype) if name in fields else None
+            if problem:  # checked before tritonserver casts it (2^32 + 8 would become 8 in an INT32)
+                raise Refused(400, problem)
         return fields
 
     async def _generate_as_stream(self, model: str, fields: dict[str, Any], request: web.Request) -> web.Response:
@@ -348,22 +348,3 @@ def _restricted(path: str) -> bool:
     return any(word in path for word in ("sharedmemory", "repository", "logging", "trace"))
 
 
-def _type_ok(value: Any, datatype: str) -> bool:
-    values = value if isinstance(value, list) else [value]
-    if datatype in _JSON_TYPES:
-        allowed = _JSON_TYPES[datatype]
-        return all(isinstance(v, allowed) and (bool in allowed or not isinstance(v, bool)) for v in values)
-    if datatype.startswith("TYPE_INT") or datatype.startswith("TYPE_UINT"):
-        unsigned = datatype.startswith("TYPE_UINT")
-        return all(isinstance(v, int) and not isinstance(v, bool) and (v >= 0 or not unsigned) for v in values)
-    return True
-
-
-def _type_word(datatype: str) -> str:
-    if datatype == "TYPE_STRING":
-        return "a string"
-    if datatype == "TYPE_BOOL":
-        return "true or false"
-    if datatype.startswith("TYPE_UINT"):
-        return "a whole number >= 0"
-    return "a whole number" if datatype.startswith("TYPE_INT") else "a number"
