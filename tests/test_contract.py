@@ -29,12 +29,22 @@ VERSIONS = available_versions()
 pytestmark = pytest.mark.trtllm11
 
 
-def test_two_releases_are_supported_and_the_default_is_the_triton_images() -> None:
-    assert "1.1.0" in VERSIONS and len(VERSIONS) >= 2
-    assert DEFAULT_VERSION == "1.1.0"
-    deploy_image = ROOT / "trtbuild" / "stages" / "deploy.py"
-    assert "tritonserver:25.12-trtllm-python-py3" in deploy_image.read_text()
+def test_the_default_is_the_newest_triton_images_release_and_1_1_is_kept() -> None:
+    from trtbuild.stages.deploy import TrtllmTargetOptions
+    from trtbuild.stages.engine import EngineConfig
+
+    assert {"1.1.0", "1.2.1"} <= set(VERSIONS)
+    assert DEFAULT_VERSION == "1.2.1" == EngineConfig().trtllm_version
+    # The default image is the newest Triton image whose TensorRT-LLM has a contract, and it ships that one.
+    images = {load_contract(v).section("release").get("triton_image"): v for v in VERSIONS}
+    images.pop(None, None)
+    newest = max(images, key=lambda image: image.rsplit(":", 1)[1])
+    assert TrtllmTargetOptions().image == newest == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    assert images[newest] == DEFAULT_VERSION
     assert load_contract("1.1.0").section("release")["triton_image"].endswith("25.12-trtllm-python-py3")
+    # What the container's Triton is (the GEMM kernels are JIT-compiled by it), per image.
+    assert load_contract("1.1.0").section("release")["triton_python"].startswith("3.4.0")
+    assert load_contract("1.2.1").section("release")["triton_python"].startswith("3.5.1")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
