@@ -250,6 +250,23 @@ def test_requests_use_the_llmapi_models_field_names(version: str) -> None:
     assert cv.check_request(theirs, contract) == []
 
 
+@pytest.mark.parametrize("version", ["1.1.0", "1.2.1"])
+def test_open_questions_of_the_release_contracts(version: str) -> None:
+    """1.1.0 / 1.2.1: the EAGLE-3 option model has eagle3_layers_to_capture, and a draft config.json
+    without draft_vocab_size does not load (Eagle3DraftModel reads it as an attribute)."""
+    contract = load_contract(version)
+    eagle = contract.section("speculative")["decoding_types"]["Eagle"]["fields"]
+    assert "eagle3_layers_to_capture" in eagle and contract.section("eagle3_draft")["layers_to_capture_option"]
+    options = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "./draft",
+               "eagle3_layers_to_capture": [1, 15, 28]}
+    assert cv.check_speculative(options, contract) == []
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}
+    assert cv.check_draft_config(config, contract) == []
+    missing = cv.check_draft_config({"architectures": ["LlamaForCausalLMEagle3"]}, contract)
+    assert [v.field for v in missing] == ["draft/config.json:draft_vocab_size"]
+    assert "modeling_speculative.py@b35ac1b6" in missing[0].fact
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_draft_tensor_names(version: str) -> None:
     contract = load_contract(version)

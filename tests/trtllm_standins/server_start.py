@@ -15,10 +15,9 @@ import sys
 
 import tensorrt_llm  # noqa: F401  (the package first, as trtllm-serve imports it)
 import torch
+import trtbuild_gemm
 from tensorrt_llm._torch.modules import linear as L
 from tensorrt_llm._torch.pyexecutor import model_loader
-
-import trtbuild_gemm
 
 if len(sys.argv) > 1 and sys.argv[1] == "no-descriptor":
     import triton.language as tl

@@ -122,7 +122,8 @@ MODULE_KEYS = ("module", "linear_class", "fp8_method_class", "apply_params", "lo
 
 def module_conventions() -> dict[str, dict[str, Any]]:
     """{version: {version_match, linear, source}} of every contract: what the bundle's module ships, so
-    that it picks the convention of the TensorRT-LLM it finds at run time (its distribution metadata, never the half-imported package)."""
+    that it picks the convention of the TensorRT-LLM it finds at run time (from its distribution metadata,
+    never from the half-imported package)."""
     out: dict[str, dict[str, Any]] = {}
     for version in available_versions():
         contract = load_contract(version)

@@ -178,7 +178,7 @@ class DraftStage(Stage):
             return [] if uses_standin(recipe) else [exc.one_line()]
         try:
             target_dir = _known_target_dir(recipe)
-            if target_dir is not None:
+            if target_dir is not None and not _pickled(draft_dir):  # a pickle is checked once converted
                 from trtbuild.eagle3.compat import check_compatible
 
                 check_compatible(draft_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
@@ -214,8 +214,14 @@ class DraftStage(Stage):
             from trtbuild.eagle3.compat import check_compatible
 
             source_dir = self._loaded_dir(config, ctx.recipe)
-            check_compatible(source_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
-            _copy_draft(source_dir, out)
+            if _pickled(source_dir):  # published as pytorch_model.bin: weights-only load, safetensors copy
+                from trtbuild.eagle3.pickled import convert_into
+
+                info["converted"] = convert_into(source_dir, out, _where(config), ctx.progress.log)
+                check_compatible(out, target_dir, ignore=config.compat_ignore, where=_where(config))
+            else:
+                check_compatible(source_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
+                _copy_draft(source_dir, out)
             info["loaded_from"] = str(source_dir.resolve())
             info["compat_ignored"] = list(config.compat_ignore)
 
@@ -253,10 +259,19 @@ class DraftStage(Stage):
                                 fix="give an existing EAGLE-3 draft directory")
         else:
             directory = _hub_dir(config)
-        from trtbuild.stages.model import refuse_pickles
+        from trtbuild.eagle3.pickled import is_published_pickle_draft
+        from trtbuild.stages.model import pickle_files, refuse_pickles
 
-        refuse_pickles(directory, _where(config))
+        if not is_published_pickle_draft(directory, pickle_files(directory)):
+            refuse_pickles(directory, _where(config))
         return directory
+
+
+def _pickled(directory: Path) -> bool:
+    from trtbuild.eagle3.pickled import is_published_pickle_draft
+    from trtbuild.stages.model import pickle_files
+
+    return is_published_pickle_draft(directory, pickle_files(directory))
 
 
 def _where(config: DraftConfig) -> str:

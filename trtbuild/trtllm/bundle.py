@@ -22,7 +22,7 @@ from trtbuild.contract import validate as contract_validate
 from trtbuild.contract.hf_config import rewrite_config
 from trtbuild.errors import BuildError, UserError
 from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
-from trtbuild.trtllm.checks import draft_len, has_draft
+from trtbuild.trtllm.checks import draft_len, has_draft, quant_of_dir
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
 from trtbuild.trtllm.llm_args import (
     CudaGraphConfig,
@@ -348,10 +348,11 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         release = contract.version
         plugin_module.convention(contract)  # a release without a recorded FP8-linear convention: one line
         hf_config = _hf_config(inputs.target) or _hf_config(inputs.model_hf) or {}
-        quant = (hf_config.get("quantization_config") or {}).get("quant_algo")
+        quant, _, said = quant_of_dir(inputs.target)  # what TensorRT-LLM reads: hf_quant_config.json first
         if quant != "FP8" and not inputs.quantized:
+            said = said or "neither hf_quant_config.json nor config.json"
             raise UserError(f"engine.gemm_plugin runs FP8 per-tensor linears but {inputs.target} is not an FP8 "
-                            f"checkpoint (quantization_config.quant_algo: {quant})", field="engine.gemm_plugin",
+                            f"checkpoint (quant_algo {quant} in {said})", field="engine.gemm_plugin",
                             fix="add a quantize: section (FP8), or remove gemm_plugin")
         module_config = plugin_module.module_config(config.gemm_plugin, hf_config, config.tensor_parallel,
                                                     config.enable_attention_dp)
