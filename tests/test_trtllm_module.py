@@ -200,3 +200,54 @@ def test_a_kernel_the_containers_triton_cannot_build_falls_back_with_one_line(tm
     lines = [line for line in broken.stderr.splitlines() if "trtbuild_gemm" in line]
     assert len(lines) == 1 and "spatial_partition cannot run with this Triton" in lines[0], broken.stderr
     assert "make_tensor_descriptor" in lines[0]
+
+
+def test_min_latency_linears_get_the_plugin_only_where_they_call_quant_method_apply(tmp_path: Path) -> None:
+    """Maverick at tp 8 with enable_min_latency: TensorRT-LLM's Llama4MinLatencyLinear runs its own kernels
+    for qkv up to 8 tokens and for gate_up / down up to 16 (contract: fp8_linear.min_latency). The module
+    prepares qkv from 9 tokens, o_proj from 1, and no shuffled copy of gate_up / down; `plan` says the same."""
+    from trtbuild.contract import load_contract
+
+    settings = SimpleNamespace(kernels={"sm_90a": "spatial_partition"}, linears=["attention", "dense"],
+                               max_tokens=16)
+    maverick = json.loads((Path(__file__).parents[1] / "recipes" / "standins" / "llama-4-maverick-17b-128e"
+                           / "config.json").read_text())
+    config = plugin_module.module_config(settings, maverick, tensor_parallel=8)
+    config["cpu_arch"] = "sm_90a"
+    plugin_module.write_module(tmp_path, config)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / plugin_module.MODULE_DIR), str(STANDINS / "rel_1_2_1"), str(STANDINS)]))
+    proc = subprocess.run([sys.executable, str(STANDINS / "min_latency.py")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["prepared"] == {"qkv_proj": 9, "o_proj": 1, "gate_up_proj": None, "down_proj": None}
+    assert out["report"]["skipped:min-latency kernels"] == 2
+    paths = out["paths"]
+    assert [paths[f"qkv_proj:{t}"] for t in (1, 8, 9, 16)] == ["min-latency kernel"] * 2 + ["plugin"] * 2
+    assert [paths[f"o_proj:{t}"] for t in (1, 8, 9, 16)] == ["plugin"] * 4
+    for name in ("gate_up_proj", "down_proj"):
+        assert [paths[f"{name}:{t}"] for t in (1, 8, 9, 16)] == ["min-latency kernel"] * 4
+
+    ranges = plugin_module.plugin_token_ranges(settings, maverick, 8, True, load_contract("1.2.1"))
+    assert ranges == {"fused qkv": (9, 16), "o_proj": (1, 16), "fused gate_up": None, "down_proj": None}
+    plain = plugin_module.plugin_token_ranges(settings, maverick, 8, False, load_contract("1.2.1"))
+    assert set(plain.values()) == {(1, 16)}
+
+
+def test_plan_lists_the_linears_that_really_call_the_plugin(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtbuild.cli import main
+
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    root = Path(__file__).parents[1] / "recipes"
+    lines = {}
+    for name in ("llama-4-maverick-fp8-eagle3-tp8", "llama-3.1-8b-instruct-fp8-eagle3"):
+        main(["plan", str(root / f"{name}.yaml"), "--set", f"output_dir={tmp_path / name}"])
+        lines[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  sm_90a:")]
+    maverick, llama = lines["llama-4-maverick-fp8-eagle3-tp8"][0], lines["llama-3.1-8b-instruct-fp8-eagle3"][0]
+    assert "fused qkv 9..16, o_proj 1..16 " in maverick
+    assert "fused gate_up, down_proj never call quant_method.apply at 1..16 tokens" in maverick
+    assert "fused qkv 1..16, o_proj 1..16, fused gate_up 1..16, down_proj 1..16 " in llama
+    assert "never call" not in llama

@@ -91,6 +91,7 @@ class _Plugin:
     k: int
     max_tokens: int
     role: str
+    min_tokens: int = 1  # above what TensorRT-LLM's min-latency kernels take (they bypass quant_method.apply)
 
 
 def _role(linear: Any, config: dict[str, Any]) -> str | None:
@@ -119,8 +120,31 @@ def _arch_of(device: Any, config: dict[str, Any]) -> str | None:
     return arch_of_capability(*torch.cuda.get_device_capability(device))
 
 
-def prepare(linear: Any, method_cls: type, config: dict[str, Any]) -> _Plugin | None:
-    """Shuffle a selected FP8 linear's weight into the plugin layout (once per weight load)."""
+def _matches(linear: Any, rule: dict[str, Any]) -> bool:
+    for key, want in rule.items():
+        if key in ("linear", "tokens"):
+            continue
+        have = getattr(linear, "in_features" if key == "in_features_multiple_of" else key, None)
+        if have is None or (have % want != 0 if key == "in_features_multiple_of" else have != want):
+            return False
+    return True
+
+
+def first_plugin_token(linear: Any, min_latency: dict[str, Any] | None) -> int:
+    """The smallest token count at which `linear` calls quant_method.apply: 1, or for a Llama 4
+    min-latency linear one more than its own kernels take (contract: fp8_linear.min_latency)."""
+    if not min_latency or not any(c.__name__ == min_latency["linear_class"] for c in type(linear).__mro__):
+        return 1
+    for rule in min_latency["own_kernels_up_to"]:
+        if _matches(linear, rule):
+            return int(rule["tokens"]) + 1
+    return 1
+
+
+def prepare(linear: Any, method_cls: type, config: dict[str, Any],
+            min_latency: dict[str, Any] | None = None) -> _Plugin | None:
+    """Shuffle a selected FP8 linear's weight into the plugin layout (once per weight load); nothing for a
+    linear that never reaches quant_method.apply at the plugin's token counts."""
     import torch
 
     from ..common.arch import ARCHS
@@ -147,12 +171,16 @@ def prepare(linear: Any, method_cls: type, config: dict[str, Any]) -> _Plugin | 
     if kernel in _BROKEN:
         _COUNTS[f"skipped:{kernel} cannot run here"] += 1
         return None
+    first = first_plugin_token(linear, min_latency)
+    if first > int(config["max_tokens"]):
+        _COUNTS["skipped:min-latency kernels"] += 1  # TensorRT-LLM's own kernels take all of 1..max_tokens
+        return None
     spec = ARCHS[arch]
     n, k = weight.shape
     with torch.no_grad():
         shuffled = shuffle(weight.detach(), spec.block_n, spec.block_k)
     state = _Plugin(kernel, _kernel_call(kernel, weight.device, config), shuffled, int(n), int(k),
-                    int(config["max_tokens"]), role)
+                    int(config["max_tokens"]), role, first)
     linear.__dict__[_STATE_ATTR] = state
     _PREPARED.add(linear)
     if not any(key.startswith("prepared:") for key in _COUNTS):
@@ -249,7 +277,7 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
         state = module.__dict__.get(_STATE_ATTR)
         if state is not None and getattr(input, "dim", None) is not None and input.dim() >= 1:
             tokens = input.numel() // max(1, input.shape[-1])
-            if (1 <= tokens <= state.max_tokens and module.input_scale is not None
+            if (state.min_tokens <= tokens <= state.max_tokens and module.input_scale is not None
                     and state.kernel not in _BROKEN
                     and not getattr(module, "force_dynamic_quantization", False)
                     and (buffer is None or kwargs.get(buffer[0], args[buffer[1]] if len(args) > buffer[1]
@@ -274,7 +302,7 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
         result = own_hook(self, *args, **kwargs)
         linear = self if owner is linear_cls else args[0]
         try:
-            prepare(linear, method_cls, config)
+            prepare(linear, method_cls, config, conv.get("min_latency"))
         except Exception as exc:  # never fail TensorRT-LLM's weight loading because of the plugin
             linear.__dict__.pop(_STATE_ATTR, None)
             if not _COUNTS[f"skipped:prepare failed: {type(exc).__name__}"]:

@@ -117,7 +117,8 @@ def available_versions() -> list[str]:
 
 
 # What the GEMM-plugin module needs of a release's fp8_linear section (plugins/trtllm_module/patch.py).
-MODULE_KEYS = ("module", "linear_class", "fp8_method_class", "apply_params", "load_hook", "output_buffer_kind")
+MODULE_KEYS = ("module", "linear_class", "fp8_method_class", "apply_params", "load_hook", "output_buffer_kind",
+               "min_latency")
 
 
 def module_conventions() -> dict[str, dict[str, Any]]:

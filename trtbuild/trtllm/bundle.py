@@ -365,7 +365,11 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
                 "torch_ops": {k: plugins_op(k) for k in sorted(set(config.gemm_plugin.kernels.values()))},
                 "conventions": sorted(module_config["releases"]),
                 "loaded_by": {"trtllm-serve": launch, "triton_llmapi": {"python_path": launch["python_path"]}},
-                "plan": plugin_module.describe(config.gemm_plugin, archs, contract),
+                "plan": plugin_module.describe(config.gemm_plugin, archs, contract, hf_config,
+                                               config.tensor_parallel, bool(config.enable_min_latency)),
+                "token_ranges": {k: list(v) if v else None for k, v in plugin_module.plugin_token_ranges(
+                    config.gemm_plugin, hf_config, config.tensor_parallel, bool(config.enable_min_latency),
+                    contract).items()},
                 "aot": {"dirs": {k: f"plugins/{k}" for k in sass}, "sass": sass,
                         "note": "build-time check; the server JIT-compiles the same kernel source"}}
 
