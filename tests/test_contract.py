@@ -10,6 +10,7 @@ TensorRT-LLM 1.1 container's transformers / nvidia-modelopt).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ from trtbuild.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RECIPES = ["recipes/llama-3.1-8b-instruct-fp8-eagle3.yaml", "recipes/llama-4-maverick-fp8-eagle3-tp8.yaml"]
+
+
+def for_release(version: str) -> list[str]:
+    """--set overrides rendering a recipe for `version` with an image that ships it (a custom image for a
+    release no Triton image ships)."""
+    image = load_contract(version).section("release").get("triton_image") or "registry.example/trtllm:main"
+    return [f"engine.trtllm_version={version}", f"deploy.trtllm.image={image}"]
 VERSIONS = available_versions()
 
 pytestmark = pytest.mark.trtllm11
@@ -70,7 +78,7 @@ def _render(recipe_path: str, version: str):  # type: ignore[no-untyped-def]
     from trtbuild.trtllm.facts import target_facts
     from trtbuild.trtllm.launchers import serve_argv
 
-    recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
+    recipe = load_recipe(ROOT / recipe_path, for_release(version))
     contract = load_contract(version)
     engine = recipe.engine
     options = build_options(engine, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
@@ -333,7 +341,7 @@ def test_unknown_version_is_a_one_line_user_error() -> None:
 def test_shipped_recipes_validate_on_both_releases() -> None:
     for recipe_path in GPU_RECIPES + ["recipes/tiny-cpu.yaml"]:
         for version in VERSIONS:
-            recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
+            recipe = load_recipe(ROOT / recipe_path, for_release(version))
             from trtbuild.preflight import problems
 
             assert problems(recipe) == [], (recipe_path, version)
@@ -344,3 +352,29 @@ def test_multi_instance_llmapi_needs_a_release_whose_model_reads_gpu_device_ids(
     assert [v.field for v in cv.check_triton_parameters(params, load_contract("1.1.0"))] == [
         "config.pbtxt:parameters.gpu_device_ids"]
     assert cv.check_triton_parameters(params, load_contract("main-0004396")) == []
+
+
+def test_the_deploy_image_must_ship_the_bundles_release() -> None:
+    """A Triton image known to ship one release, with a bundle written for another: one line at validate."""
+    from trtbuild.trtllm.conformance import image_violations
+
+    old, new = load_contract("1.1.0"), load_contract("1.2.1")
+    assert image_violations("nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3", new) == []
+    assert image_violations("nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3", old) == []
+    bad = image_violations("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3", new)
+    assert [v.field for v in bad] == ["deploy.trtllm.image"]
+    assert "ships TensorRT-LLM 1.1.0" in bad[0].message and "engine.trtllm_version: 1.1.0" in bad[0].message
+    assert "Dockerfile.triton.trt_llm_backend@" in bad[0].fact
+    assert image_violations("nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3", new) == []  # no contract
+    assert image_violations("my.registry/custom:latest", new) == []
+
+    recipe = ROOT / GPU_RECIPES[0]
+    done = subprocess.run([sys.executable, "-m", "trtbuild.cli", "validate", str(recipe), "--set",
+                           "engine.trtllm_version=1.1.0"], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    fixed = subprocess.run([sys.executable, "-m", "trtbuild.cli", "validate", str(recipe),
+                            *(a for o in for_release("1.1.0") for a in ("--set", o))], capture_output=True,
+                           text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert fixed.returncode == 0, fixed.stderr
+    assert done.returncode == 2 and "deploy.trtllm.image" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -60,8 +60,10 @@ def eagle3_draft(directory: Path, contract_version: str) -> Path:
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_gpu_recipe_builds_bundle_and_triton_repository_for_the_release(tmp_path: Path, name: str,
                                                                         version: str) -> None:
-    recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml",
-                         [f"engine.trtllm_version={version}", f"output_dir={tmp_path / 'out'}"])
+    image = load_contract(version).section("release")["triton_image"]  # the image that ships the release
+    recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml", [f"engine.trtllm_version={version}",
+                                                               f"deploy.trtllm.image={image}",
+                                                               f"output_dir={tmp_path / 'out'}"])
     standin = ROOT / "recipes" / "standins" / RECIPES[name] / "config.json"
     model = tmp_path / "model"
     inputs = {"model": Artifact("model", "k-model", model), "draft": Artifact("draft", "k-draft", tmp_path / "d")}
