@@ -91,6 +91,9 @@ class _Recipe:
     def resolve_path(self, value: str) -> Path:
         return Path(value)
 
+    def stage_config(self, name: str) -> None:  # no model section: the draft is judged on its own
+        return None
+
 
 class _Log(Progress):
     def __init__(self) -> None:
@@ -136,13 +139,24 @@ class _Payload:
         return (Path.write_text, (self.marker, "pwned"))
 
 
-def test_a_planted_malicious_pickle_is_refused(target: Artifact, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["torch.save", "pickle.dumps"])
+def test_a_planted_malicious_pickle_is_refused(target: Artifact, tmp_path: Path, how: str) -> None:
+    """A payload that writes a file when unpickled, saved the way published drafts are (torch.save: the
+    weights-only loader refuses it at build) or as a bare pickle (refused before any work)."""
     draft = tmp_path / "published"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps(published_config()))
     marker = tmp_path / "pwned"
-    (draft / "pytorch_model.bin").write_bytes(pickle.dumps({"fc.weight": _Payload(marker)}))
-    with pytest.raises(UserError, match="needs more than tensors to unpickle and is refused") as err:
+    state = {**published_state(), "fc.weight": _Payload(marker)}
+    if how == "torch.save":
+        torch.save(state, draft / "pytorch_model.bin")
+        expected = "needs more than tensors to unpickle and is refused"
+        assert DraftStage().preflight(recipe_draft(draft), _Recipe(tmp_path)) == []  # a valid archive
+    else:
+        (draft / "pytorch_model.bin").write_bytes(pickle.dumps(state))
+        expected = "is not a torch.save archive"
+        assert expected in DraftStage().preflight(recipe_draft(draft), _Recipe(tmp_path))[0]
+    with pytest.raises(UserError, match=expected) as err:
         run_stage(recipe_draft(draft), target, tmp_path / "out")
     assert not marker.exists() and err.value.field == "draft.path"
     assert not (tmp_path / "out" / "eagle3" / "model.safetensors").exists()

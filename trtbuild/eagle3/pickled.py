@@ -26,6 +26,21 @@ def is_published_pickle_draft(directory: Path, pickles: list[Path]) -> bool:
             and not any(directory.glob("*.safetensors")))
 
 
+def check_archive(path: Path, where: str) -> None:
+    """Cheap, before any work (validate / plan): the file is a torch.save zip archive with one data.pkl.
+    Its contents are judged by the weights-only loader when the draft stage runs."""
+    import zipfile
+
+    ok = zipfile.is_zipfile(path)
+    if ok:
+        with zipfile.ZipFile(path) as archive:
+            ok = sum(name.endswith("/data.pkl") or name == "data.pkl" for name in archive.namelist()) == 1
+    if not ok:
+        raise UserError(f"{path} is not a torch.save archive (a zip holding one data.pkl), so it is not read",
+                        field=where, fix="use a draft whose weights are safetensors, or re-save the state dict "
+                        "with a current torch.save")
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as file:

@@ -262,7 +262,11 @@ class DraftStage(Stage):
         from trtbuild.eagle3.pickled import is_published_pickle_draft
         from trtbuild.stages.model import pickle_files, refuse_pickles
 
-        if not is_published_pickle_draft(directory, pickle_files(directory)):
+        if is_published_pickle_draft(directory, pickle_files(directory)):
+            from trtbuild.eagle3.pickled import PUBLISHED, check_archive
+
+            check_archive(directory / PUBLISHED, _where(config))
+        else:
             refuse_pickles(directory, _where(config))
         return directory
 
