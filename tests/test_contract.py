@@ -10,6 +10,7 @@ TensorRT-LLM 1.1 container's transformers / nvidia-modelopt).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,17 +25,34 @@ from trtbuild.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RECIPES = ["recipes/llama-3.1-8b-instruct-fp8-eagle3.yaml", "recipes/llama-4-maverick-fp8-eagle3-tp8.yaml"]
+
+
+def for_release(version: str) -> list[str]:
+    """--set overrides rendering a recipe for `version` with an image that ships it (a custom image for a
+    release no Triton image ships)."""
+    image = load_contract(version).section("release").get("triton_image") or "registry.example/trtllm:main"
+    return [f"engine.trtllm_version={version}", f"deploy.trtllm.image={image}"]
 VERSIONS = available_versions()
 
 pytestmark = pytest.mark.trtllm11
 
 
-def test_two_releases_are_supported_and_the_default_is_the_triton_images() -> None:
-    assert "1.1.0" in VERSIONS and len(VERSIONS) >= 2
-    assert DEFAULT_VERSION == "1.1.0"
-    deploy_image = ROOT / "trtbuild" / "triton" / "config.py"
-    assert "tritonserver:25.12-trtllm-python-py3" in deploy_image.read_text()
+def test_the_default_is_the_newest_triton_images_release_and_1_1_is_kept() -> None:
+    from trtbuild.triton.config import TrtllmTargetOptions
+    from trtbuild.trtllm.config import EngineConfig
+
+    assert {"1.1.0", "1.2.1"} <= set(VERSIONS)
+    assert DEFAULT_VERSION == "1.2.1" == EngineConfig().trtllm_version
+    # The default image is the newest Triton image whose TensorRT-LLM has a contract, and it ships that one.
+    images = {load_contract(v).section("release").get("triton_image"): v for v in VERSIONS}
+    images.pop(None, None)
+    newest = max(images, key=lambda image: image.rsplit(":", 1)[1])
+    assert TrtllmTargetOptions().image == newest == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    assert images[newest] == DEFAULT_VERSION
     assert load_contract("1.1.0").section("release")["triton_image"].endswith("25.12-trtllm-python-py3")
+    # What the container's Triton is (the GEMM kernels are JIT-compiled by it), per image.
+    assert load_contract("1.1.0").section("release")["triton_python"].startswith("3.4.0")
+    assert load_contract("1.2.1").section("release")["triton_python"].startswith("3.5.1")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -60,7 +78,7 @@ def _render(recipe_path: str, version: str):  # type: ignore[no-untyped-def]
     from trtbuild.trtllm.facts import target_facts
     from trtbuild.trtllm.launchers import serve_argv
 
-    recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
+    recipe = load_recipe(ROOT / recipe_path, for_release(version))
     contract = load_contract(version)
     engine = recipe.engine
     options = build_options(engine, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
@@ -240,6 +258,23 @@ def test_requests_use_the_llmapi_models_field_names(version: str) -> None:
     assert cv.check_request(theirs, contract) == []
 
 
+@pytest.mark.parametrize("version", ["1.1.0", "1.2.1"])
+def test_open_questions_of_the_release_contracts(version: str) -> None:
+    """1.1.0 / 1.2.1: the EAGLE-3 option model has eagle3_layers_to_capture, and a draft config.json
+    without draft_vocab_size does not load (Eagle3DraftModel reads it as an attribute)."""
+    contract = load_contract(version)
+    eagle = contract.section("speculative")["decoding_types"]["Eagle"]["fields"]
+    assert "eagle3_layers_to_capture" in eagle and contract.section("eagle3_draft")["layers_to_capture_option"]
+    options = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "./draft",
+               "eagle3_layers_to_capture": [1, 15, 28]}
+    assert cv.check_speculative(options, contract) == []
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}
+    assert cv.check_draft_config(config, contract) == []
+    missing = cv.check_draft_config({"architectures": ["LlamaForCausalLMEagle3"]}, contract)
+    assert [v.field for v in missing] == ["draft/config.json:draft_vocab_size"]
+    assert "modeling_speculative.py@b35ac1b6" in missing[0].fact
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_draft_tensor_names(version: str) -> None:
     contract = load_contract(version)
@@ -306,7 +341,7 @@ def test_unknown_version_is_a_one_line_user_error() -> None:
 def test_shipped_recipes_validate_on_both_releases() -> None:
     for recipe_path in GPU_RECIPES + ["recipes/tiny-cpu.yaml"]:
         for version in VERSIONS:
-            recipe = load_recipe(ROOT / recipe_path, [f"engine.trtllm_version={version}"])
+            recipe = load_recipe(ROOT / recipe_path, for_release(version))
             from trtbuild.preflight import problems
 
             assert problems(recipe) == [], (recipe_path, version)
@@ -317,3 +352,29 @@ def test_multi_instance_llmapi_needs_a_release_whose_model_reads_gpu_device_ids(
     assert [v.field for v in cv.check_triton_parameters(params, load_contract("1.1.0"))] == [
         "config.pbtxt:parameters.gpu_device_ids"]
     assert cv.check_triton_parameters(params, load_contract("main-0004396")) == []
+
+
+def test_the_deploy_image_must_ship_the_bundles_release() -> None:
+    """A Triton image known to ship one release, with a bundle written for another: one line at validate."""
+    from trtbuild.trtllm.recipe_conformance import image_violations
+
+    old, new = load_contract("1.1.0"), load_contract("1.2.1")
+    assert image_violations("nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3", new) == []
+    assert image_violations("nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3", old) == []
+    bad = image_violations("nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3", new)
+    assert [v.field for v in bad] == ["deploy.trtllm.image"]
+    assert "ships TensorRT-LLM 1.1.0" in bad[0].message and "engine.trtllm_version: 1.1.0" in bad[0].message
+    assert "Dockerfile.triton.trt_llm_backend@" in bad[0].fact
+    assert image_violations("nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3", new) == []  # no contract
+    assert image_violations("my.registry/custom:latest", new) == []
+
+    recipe = ROOT / GPU_RECIPES[0]
+    done = subprocess.run([sys.executable, "-m", "trtbuild.cli", "validate", str(recipe), "--set",
+                           "engine.trtllm_version=1.1.0"], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    fixed = subprocess.run([sys.executable, "-m", "trtbuild.cli", "validate", str(recipe),
+                            *(a for o in for_release("1.1.0") for a in ("--set", o))], capture_output=True,
+                           text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert fixed.returncode == 0, fixed.stderr
+    assert done.returncode == 2 and "deploy.trtllm.image" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

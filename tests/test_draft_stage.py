@@ -185,15 +185,20 @@ def test_planted_pickles_in_the_resume_dir_are_inert(model_artifact: Artifact, t
 
 
 def test_no_unpickling_in_the_sources() -> None:
-    """torch.load, pickle and friends unpickle; trtbuild reads tensors with safetensors only."""
+    """torch.load, pickle and friends unpickle; trtbuild reads tensors with safetensors only, except the
+    published-draft converter's one weights-only torch.load (trtbuild/eagle3/pickled.py)."""
     import re
 
     root = Path(__file__).resolve().parent.parent
-    pattern = re.compile(r"torch\.load\(|\bpickle\.|import pickle|weights_only=False|joblib\.load|dill\.load")
+    pattern = re.compile(r"torch\.load\(|\bpickle\.|import pickle\b|weights_only=False|joblib\.load|dill\.load")
     offenders = [f"{path.relative_to(root)}:{n}" for folder in ("trtbuild", "plugins", "scripts", "bench")
                  for path in (root / folder).rglob("*.py")
                  for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
-    assert offenders == []
+    allowed = [o for o in offenders if o.startswith("trtbuild/eagle3/pickled.py:")]
+    assert offenders == allowed  # there: `import pickle` (for its error type) and the one weights-only load
+    text = (root / "trtbuild" / "eagle3" / "pickled.py").read_text()
+    assert text.count("torch.load(") == 1 and "weights_only=True" in text.split("torch.load(")[1].split(")")[0]
+    assert "pickle.load" not in text and "pickle.Unpickler" not in text
 
 
 def test_load_by_path(trained, model_artifact: Artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

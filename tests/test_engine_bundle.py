@@ -134,7 +134,7 @@ def test_pytorch_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert data["cuda_graph_config"] == {"batch_sizes": [1, 2, 4], "enable_padding": False}
     assert data["enable_autotuner"] is False
     spec = data["speculative_config"]
-    assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 3 and spec["eagle3_one_model"]  # 1.1.0
+    assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 3 and spec["eagle3_one_model"]  # 1.1.0 and 1.2.1 (the default)
     assert spec["eagle3_layers_to_capture"] == DRAFT_AUX
     assert (bundle / spec["speculative_model_dir"]).is_dir()  # relative to the bundle root
 
@@ -149,7 +149,7 @@ def test_pytorch_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert described["model"] == "target" and described["draft"] == "draft"
     for rel in (described["llm_api_options"], *described["launch"].values()):
         assert (bundle / rel).is_file()
-    assert described["trtllm_version"] == "1.1.0" and described["gemm_plugin"] is None
+    assert described["trtllm_version"] == "1.2.1" and described["gemm_plugin"] is None
     assert not (bundle / "build").exists() and not (bundle / "trtllm_module").exists()
     serve = (bundle / "launch" / "serve.sh").read_text()
     assert "--extra_llm_api_options llm_api_options.yaml" in serve and "PYTHONPATH" not in serve
@@ -215,7 +215,7 @@ def quantized(artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
 
 
 STANDINS = Path(__file__).parent / "trtllm_standins"
-STANDIN_OF = {"1.1.0": "rel_1_1", "main-0004396": "rel_main"}
+STANDIN_OF = {"1.1.0": "rel_1_1", "1.2.1": "rel_1_2_1", "main-0004396": "rel_main"}
 
 
 @pytest.mark.slow
@@ -254,7 +254,7 @@ def test_gemm_plugin_bundle_ships_the_module_the_release_loads(tmp_path: Path, a
     assert "-x PYTHONPATH" in (bundle / "launch" / "mpirun.sh").read_text()
     assert 'export PYTHONPATH="${BUNDLE}/trtllm_module' in (bundle / "launch" / "slurm.sbatch").read_text()
     has_flag = "--custom_module_dirs ./trtllm_module/trtbuild_gemm" in serve
-    assert has_flag is (contract.custom_module_flag is not None) is (version != "1.1.0")
+    assert has_flag is (contract.custom_module_flag is not None) is version.startswith("main")
     described = json.loads((bundle / "bundle.json").read_text())["gemm_plugin"]
     assert described["release"] == version and described["module"] == "trtllm_module/trtbuild_gemm"
     assert described["loaded_by"]["triton_llmapi"] == {"python_path": "trtllm_module"}

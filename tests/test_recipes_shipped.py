@@ -139,4 +139,5 @@ def test_tiny_recipe_plan_notes_only_the_gemm_plugin(capsys: pytest.CaptureFixtu
     notes = _plan(RECIPES_DIR / "tiny-cpu.yaml", capsys)["notes"]
     assert notes[0] == "gemm plugin (engine.gemm_plugin):"
     assert [n.split(":")[0].strip() for n in notes[1:]] == ["sm_90a", "sm_100a"]
-    assert all("spatial_partition for 1..16 tokens" in n for n in notes[1:])
+    assert all("run spatial_partition at these token counts: fused qkv 1..16, o_proj 1..16, fused gate_up 1..16, "
+               "down_proj 1..16 " in n for n in notes[1:])

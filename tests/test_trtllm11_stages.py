@@ -102,7 +102,9 @@ def test_engine_renders_gpu_recipes_for_11(recipe_path: str) -> None:
     from trtbuild.trtllm.recipe_conformance import recipe_violations
 
     root = Path(__file__).resolve().parents[1]
-    recipe = load_recipe(root / recipe_path)
+    assert load_recipe(root / recipe_path).engine.trtllm_version == "1.2.1"  # the 26.07 image's; 1.1 kept
+    recipe = load_recipe(root / recipe_path, ["engine.trtllm_version=1.1.0",
+                                              "deploy.trtllm.image=nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"])
     assert recipe.engine.trtllm_version == "1.1.0"
     assert recipe_violations(recipe.engine, recipe) == []
 

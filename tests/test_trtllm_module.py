@@ -23,20 +23,21 @@ from trtbuild.contract import available_versions, module_conventions
 from trtbuild.trtllm import plugin_module
 
 STANDINS = Path(__file__).parent / "trtllm_standins"
-RELEASES = {"1.1.0": "rel_1_1", "main-0004396": "rel_main"}
+RELEASES = {"1.1.0": "rel_1_1", "1.2.1": "rel_1_2_1", "main-0004396": "rel_main"}
 
 
 def test_a_stand_in_for_every_contract() -> None:
     assert sorted(RELEASES) == sorted(available_versions())
 
 
-def write_bundle_module(tmp: Path, kernels: dict[str, str] | None = None) -> Path:
+def write_bundle_module(tmp: Path, kernels: dict[str, str] | None = None, **extra: str) -> Path:
     settings = SimpleNamespace(kernels=kernels or {"sm_90a": "spatial_partition"},
                                linears=["attention", "dense"], max_tokens=16)
     hf = {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
           "intermediate_size": 160}
     config = plugin_module.module_config(settings, hf, tensor_parallel=1)
     config["cpu_arch"] = next(iter(settings.kernels))  # CPU tensors get this arch's tiles (tests only)
+    config.update(extra)
     plugin_module.write_module(tmp, config)
     return tmp / plugin_module.MODULE_DIR
 
@@ -107,7 +108,8 @@ def test_release_selection_by_version() -> None:
     releases = module_conventions()
     assert select_release("1.1.0", releases) == "1.1.0"
     assert select_release("1.1.0rc5", releases) == "1.1.0"
-    assert select_release("1.2.0rc1", releases) == "main-0004396"
+    assert select_release("1.2.1", releases) == "1.2.1"
+    assert select_release("1.2.0rc8", releases) == "1.2.1"
     assert select_release("1.3.0rc24", releases) == "main-0004396"
     with pytest.raises(ConventionError, match="no recorded TensorRT-LLM convention matches version 1.0.0"):
         select_release("1.0.0", releases)
@@ -148,3 +150,104 @@ def test_shipped_files_match_the_repository(module_dir: Path) -> None:
     config = json.loads((package / "config.json").read_text())
     assert config["releases"] == module_conventions()
     assert config["o_proj_in_features"] == [96] and config["down_proj_in_features"] == [160]
+
+
+def start_server(module_dir: Path, release: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(module_dir), str(STANDINS / RELEASES[release]), str(STANDINS)]))
+    env.pop("TRTBUILD_GEMM", None)
+    return subprocess.run([sys.executable, str(STANDINS / "server_start.py"), *args], env=env, cwd=module_dir,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_server_comes_up_in_upstreams_import_order(module_dir: Path, release: str) -> None:
+    """The stand-ins of 1.1.0 and 1.2.1 import the models (hence the linear module) before their version,
+    as upstream's tensorrt_llm/__init__.py does (contract: package_import): the module picks the release
+    from the distribution's metadata (or the version module) and patches, and the process comes up."""
+    from trtbuild.contract import load_contract
+
+    contract = load_contract(release)
+    order = contract.section("package_import")
+    if order:  # a release whose package imports the linear module before setting __version__
+        assert "tensorrt_llm._torch.modules.linear" in order["before_version"]
+        init = (STANDINS / RELEASES[release] / "tensorrt_llm" / "__init__.py").read_text()
+        assert init.index("\nimport tensorrt_llm._torch.models") < init.index("\nfrom .version import __version__")
+    done = start_server(module_dir, release)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["patched"] and out["prepared"]
+    assert out["report"][f"release:{release}"] == 1 and out["report"]["plugin"] == 2
+    assert out["max_abs_vs_own"] <= 1e-5 * max(1.0, out["ref_scale"])
+
+
+def test_a_kernel_the_containers_triton_cannot_build_falls_back_with_one_line(tmp_path: Path) -> None:
+    """The real launch path (patched apply -> the Triton kernel, run by the interpreter on CPU) with a
+    Triton that lacks tl.make_tensor_descriptor (the TMA kernel cannot be built): one logged line, the
+    call and every later one answered by TensorRT-LLM's own GEMM, the process keeps serving."""
+    module_dir = write_bundle_module(tmp_path, cpu_kernel="interpret")
+    working = start_server(module_dir, "1.2.1")
+    assert working.returncode == 0, working.stderr[-3000:]
+    ok = json.loads(working.stdout.strip().splitlines()[-1])
+    assert ok["report"]["plugin"] == 2 and ok["max_abs_vs_own"] <= 1e-4 * max(1.0, ok["ref_scale"])
+
+    broken = start_server(module_dir, "1.2.1", "no-descriptor")
+    assert broken.returncode == 0, broken.stderr[-3000:]
+    out = json.loads(broken.stdout.strip().splitlines()[-1])
+    assert out["prepared"] and out["report"].get("plugin", 0) == 0
+    assert out["report"]["fallback:spatial_partition"] == 1 and out["report"]["own"] == 2
+    assert out["max_abs_vs_own"] == 0.0 and out["again_vs_own"] == 0.0
+    lines = [line for line in broken.stderr.splitlines() if "trtbuild_gemm" in line]
+    assert len(lines) == 1 and "spatial_partition cannot run with this Triton" in lines[0], broken.stderr
+    assert "make_tensor_descriptor" in lines[0]
+
+
+def test_min_latency_linears_get_the_plugin_only_where_they_call_quant_method_apply(tmp_path: Path) -> None:
+    """Maverick at tp 8 with enable_min_latency: TensorRT-LLM's Llama4MinLatencyLinear runs its own kernels
+    for qkv up to 8 tokens and for gate_up / down up to 16 (contract: fp8_linear.min_latency). The module
+    prepares qkv from 9 tokens, o_proj from 1, and no shuffled copy of gate_up / down; `plan` says the same."""
+    from trtbuild.contract import load_contract
+
+    settings = SimpleNamespace(kernels={"sm_90a": "spatial_partition"}, linears=["attention", "dense"],
+                               max_tokens=16)
+    maverick = json.loads((Path(__file__).parents[1] / "recipes" / "standins" / "llama-4-maverick-17b-128e"
+                           / "config.json").read_text())
+    config = plugin_module.module_config(settings, maverick, tensor_parallel=8)
+    config["cpu_arch"] = "sm_90a"
+    plugin_module.write_module(tmp_path, config)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / plugin_module.MODULE_DIR), str(STANDINS / "rel_1_2_1"), str(STANDINS)]))
+    proc = subprocess.run([sys.executable, str(STANDINS / "min_latency.py")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["prepared"] == {"qkv_proj": 9, "o_proj": 1, "gate_up_proj": None, "down_proj": None}
+    assert out["report"]["skipped:min-latency kernels"] == 2
+    paths = out["paths"]
+    assert [paths[f"qkv_proj:{t}"] for t in (1, 8, 9, 16)] == ["min-latency kernel"] * 2 + ["plugin"] * 2
+    assert [paths[f"o_proj:{t}"] for t in (1, 8, 9, 16)] == ["plugin"] * 4
+    for name in ("gate_up_proj", "down_proj"):
+        assert [paths[f"{name}:{t}"] for t in (1, 8, 9, 16)] == ["min-latency kernel"] * 4
+
+    ranges = plugin_module.plugin_token_ranges(settings, maverick, 8, True, load_contract("1.2.1"))
+    assert ranges == {"fused qkv": (9, 16), "o_proj": (1, 16), "fused gate_up": None, "down_proj": None}
+    plain = plugin_module.plugin_token_ranges(settings, maverick, 8, False, load_contract("1.2.1"))
+    assert set(plain.values()) == {(1, 16)}
+
+
+def test_plan_lists_the_linears_that_really_call_the_plugin(capsys: pytest.CaptureFixture[str],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtbuild.cli import main
+
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    root = Path(__file__).parents[1] / "recipes"
+    lines = {}
+    for name in ("llama-4-maverick-fp8-eagle3-tp8", "llama-3.1-8b-instruct-fp8-eagle3"):
+        main(["plan", str(root / f"{name}.yaml"), "--set", f"output_dir={tmp_path / name}"])
+        lines[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  sm_90a:")]
+    maverick, llama = lines["llama-4-maverick-fp8-eagle3-tp8"][0], lines["llama-3.1-8b-instruct-fp8-eagle3"][0]
+    assert "fused qkv 9..16, o_proj 1..16 " in maverick
+    assert "fused gate_up, down_proj never call quant_method.apply at 1..16 tokens" in maverick
+    assert "fused qkv 1..16, o_proj 1..16, fused gate_up 1..16, down_proj 1..16 " in llama
+    assert "never call" not in llama

@@ -9,6 +9,7 @@ Plain reads of the recipe and the config; nothing heavy is imported.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 # One H100's memory: the reference for "fits on one GPU" (the recipe does not name the card).
@@ -102,8 +103,13 @@ def _quantize_step(recipe: Any, params: int) -> list[str]:
 def _checkpoint_quant(recipe: Any) -> str | None:
     """The checkpoint's quant_algo when the stand-in / config carries ModelOpt's quantization_config."""
     from trtbuild.model_source import target_hf_config
+    from trtbuild.trtllm.checks import quant_of_dir
 
     found = target_hf_config(recipe)
+    if found and not found[1].startswith("stand-in "):  # the weights are here: what TensorRT-LLM reads
+        algo, _, said = quant_of_dir(Path(found[1]).parent)
+        if said:
+            return algo
     quant = found[0].get("quantization_config") if found else None
     return quant.get("quant_algo") if isinstance(quant, dict) else None
 

@@ -53,7 +53,10 @@ def tools() -> dict[str, str]:
 def _ptxas_for(capability: int) -> str:
     from triton.backends.nvidia.compiler import get_ptxas
 
-    return get_ptxas(capability).path
+    try:
+        return get_ptxas(capability).path
+    except TypeError:  # triton 3.4 / 3.5 (the Triton TRT-LLM images' versions): one ptxas for every arch
+        return get_ptxas().path
 
 
 def compile_variant(variant: Variant, arch: ArchSpec) -> Any:

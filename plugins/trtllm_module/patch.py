@@ -8,18 +8,27 @@
     o_proj_in_features / down_proj_in_features   per-rank in_features telling o_proj from down_proj
     releases     {version: convention}           every contract's fp8_linear (see select_release)
     cpu_arch     (tests only) the arch whose tiles CPU tensors get
+    cpu_kernel   (tests only) "interpret": CPU tensors run the Triton kernel in the interpreter instead
+                 of the op's torch reference, so a kernel that cannot be built fails as on a GPU
+
+The module never stops the server: a kernel that cannot be built or run by the installed Triton, a
+TensorRT-LLM whose classes differ from the recorded convention, or a failing weight shuffle each log
+one line and leave TensorRT-LLM's own GEMM in place.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.abc
+import importlib.metadata
 import importlib.util
 import inspect
 import json
 import logging
 import os
 import sys
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +37,9 @@ from typing import Any
 LOG = logging.getLogger("trtbuild_gemm")
 _STATE_ATTR = "_trtbuild_gemm"
 _PATCHED_FLAG = "__trtbuild_gemm_patched__"
-_COUNTS: Counter = Counter()  # "prepared:<kernel>:<role>", "plugin", "own", "skipped:<why>"
+_COUNTS: Counter = Counter()  # "prepared:<kernel>:<role>", "plugin", "own", "skipped:<why>", "fallback:<kernel>"
+_BROKEN: dict[str, str] = {}  # kernel -> why it cannot run here (every later call keeps TensorRT-LLM's GEMM)
+_PREPARED: weakref.WeakSet = weakref.WeakSet()  # linears holding a shuffled copy (freed when their kernel breaks)
 
 
 class ConventionError(RuntimeError):
@@ -43,8 +54,20 @@ def _major_minor(version: str) -> tuple[int, int]:
     return int(digits[0]), int(digits[1]) if len(digits) > 1 else 0
 
 
+def installed_version() -> str:
+    """The installed TensorRT-LLM's release, without touching the `tensorrt_llm` package object.
+
+    The linear module is imported while `tensorrt_llm/__init__.py` still runs (1.1 and 1.2 import
+    `_torch.models` before `from .version import __version__`), so `tensorrt_llm.__version__` may not
+    exist yet: read the distribution's metadata, else the package's own version module."""
+    try:
+        return importlib.metadata.version("tensorrt_llm")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path
+        return str(importlib.import_module("tensorrt_llm.version").__version__)
+
+
 def select_release(version: str, releases: dict[str, dict[str, Any]]) -> str:
-    """The key of the convention for tensorrt_llm.__version__ (`version_match`: "1.1" or ">=1.2")."""
+    """The key of the convention for an installed release (`version_match`: "1.1", "1.2" or ">=1.3")."""
     for key, conv in releases.items():
         match = str(conv.get("version_match", ""))
         if match.startswith(">="):
@@ -68,6 +91,7 @@ class _Plugin:
     k: int
     max_tokens: int
     role: str
+    min_tokens: int = 1  # above what TensorRT-LLM's min-latency kernels take (they bypass quant_method.apply)
 
 
 def _role(linear: Any, config: dict[str, Any]) -> str | None:
@@ -96,12 +120,34 @@ def _arch_of(device: Any, config: dict[str, Any]) -> str | None:
     return arch_of_capability(*torch.cuda.get_device_capability(device))
 
 
-def prepare(linear: Any, method_cls: type, config: dict[str, Any]) -> _Plugin | None:
-    """Shuffle a selected FP8 linear's weight into the plugin layout (once per weight load)."""
+def _matches(linear: Any, rule: dict[str, Any]) -> bool:
+    for key, want in rule.items():
+        if key in ("linear", "tokens"):
+            continue
+        have = getattr(linear, "in_features" if key == "in_features_multiple_of" else key, None)
+        if have is None or (have % want != 0 if key == "in_features_multiple_of" else have != want):
+            return False
+    return True
+
+
+def first_plugin_token(linear: Any, min_latency: dict[str, Any] | None) -> int:
+    """The smallest token count at which `linear` calls quant_method.apply: 1, or for a Llama 4
+    min-latency linear one more than its own kernels take (contract: fp8_linear.min_latency)."""
+    if not min_latency or not any(c.__name__ == min_latency["linear_class"] for c in type(linear).__mro__):
+        return 1
+    for rule in min_latency["own_kernels_up_to"]:
+        if _matches(linear, rule):
+            return int(rule["tokens"]) + 1
+    return 1
+
+
+def prepare(linear: Any, method_cls: type, config: dict[str, Any],
+            min_latency: dict[str, Any] | None = None) -> _Plugin | None:
+    """Shuffle a selected FP8 linear's weight into the plugin layout (once per weight load); nothing for a
+    linear that never reaches quant_method.apply at the plugin's token counts."""
     import torch
 
     from ..common.arch import ARCHS
-    from ..common.kernels import torch_op
     from ..common.layout import shuffle
 
     linear.__dict__.pop(_STATE_ATTR, None)
@@ -122,17 +168,49 @@ def prepare(linear: Any, method_cls: type, config: dict[str, Any]) -> _Plugin | 
     if kernel is None:
         _COUNTS[f"skipped:no kernel for {arch}"] += 1
         return None
+    if kernel in _BROKEN:
+        _COUNTS[f"skipped:{kernel} cannot run here"] += 1
+        return None
+    first = first_plugin_token(linear, min_latency)
+    if first > int(config["max_tokens"]):
+        _COUNTS["skipped:min-latency kernels"] += 1  # TensorRT-LLM's own kernels take all of 1..max_tokens
+        return None
     spec = ARCHS[arch]
     n, k = weight.shape
     with torch.no_grad():
         shuffled = shuffle(weight.detach(), spec.block_n, spec.block_k)
-    state = _Plugin(kernel, torch_op(kernel), shuffled, int(n), int(k), int(config["max_tokens"]), role)
+    state = _Plugin(kernel, _kernel_call(kernel, weight.device, config), shuffled, int(n), int(k),
+                    int(config["max_tokens"]), role, first)
     linear.__dict__[_STATE_ATTR] = state
+    _PREPARED.add(linear)
     if not any(key.startswith("prepared:") for key in _COUNTS):
         LOG.info("trtbuild_gemm: FP8 %s linears run %s for <= %d tokens", "/".join(sorted(wanted)),
                  kernel, state.max_tokens)
     _COUNTS[f"prepared:{kernel}:{role}"] += 1
     return state
+
+
+def _kernel_call(kernel: str, device: Any, config: dict[str, Any]) -> Any:
+    """torch.ops.trtbuild.<op> (the Triton kernel on CUDA); on CPU, the kernel itself in Triton's
+    interpreter when config says cpu_kernel: interpret (tests), else the op (its torch reference)."""
+    from ..common.kernels import run, torch_op
+
+    if device.type != "cuda" and config.get("cpu_kernel") == "interpret":
+        return functools.partial(run, kernel)
+    return torch_op(kernel)
+
+
+def _give_up(kernel: str, exc: BaseException) -> None:
+    """The kernel cannot be built or run by this process's Triton: one line, then TensorRT-LLM's GEMM
+    for every linear that used it (their shuffled copies are dropped)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    _BROKEN[kernel] = f"{type(exc).__name__}: {first}"
+    for linear in list(_PREPARED):
+        state = linear.__dict__.get(_STATE_ATTR)
+        if state is not None and state.kernel == kernel:
+            del linear.__dict__[_STATE_ATTR]
+    LOG.warning("trtbuild_gemm: %s cannot run with this Triton (%s); FP8 linears use TensorRT-LLM's own GEMM",
+                kernel, _BROKEN[kernel])
 
 
 def _run_plugin(state: _Plugin, module: Any, input: Any, bias: Any) -> Any:
@@ -199,12 +277,19 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
         state = module.__dict__.get(_STATE_ATTR)
         if state is not None and getattr(input, "dim", None) is not None and input.dim() >= 1:
             tokens = input.numel() // max(1, input.shape[-1])
-            if (1 <= tokens <= state.max_tokens and module.input_scale is not None
+            if (state.min_tokens <= tokens <= state.max_tokens and module.input_scale is not None
+                    and state.kernel not in _BROKEN
                     and not getattr(module, "force_dynamic_quantization", False)
                     and (buffer is None or kwargs.get(buffer[0], args[buffer[1]] if len(args) > buffer[1]
                                                      else buffer[2]) == buffer[2])):
-                _COUNTS["plugin"] += 1
-                return _run_plugin(state, module, input, bias)
+                try:
+                    y = _run_plugin(state, module, input, bias)
+                except Exception as exc:  # the container's Triton cannot build it: serve on, without it
+                    _give_up(state.kernel, exc)
+                    _COUNTS[f"fallback:{state.kernel}"] += 1
+                else:
+                    _COUNTS["plugin"] += 1
+                    return y
         _COUNTS["own"] += 1
         return own_apply(self, module, input, bias, *args, **kwargs)
 
@@ -216,7 +301,14 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
     def post_load(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = own_hook(self, *args, **kwargs)
         linear = self if owner is linear_cls else args[0]
-        prepare(linear, method_cls, config)
+        try:
+            prepare(linear, method_cls, config, conv.get("min_latency"))
+        except Exception as exc:  # never fail TensorRT-LLM's weight loading because of the plugin
+            linear.__dict__.pop(_STATE_ATTR, None)
+            if not _COUNTS[f"skipped:prepare failed: {type(exc).__name__}"]:
+                LOG.warning("trtbuild_gemm: preparing a linear failed (%s: %s); it keeps TensorRT-LLM's GEMM",
+                            type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
+            _COUNTS[f"skipped:prepare failed: {type(exc).__name__}"] += 1
         return result
 
     method_cls.apply = apply
@@ -259,10 +351,15 @@ class _Loader(importlib.abc.Loader):
 
 def _on_linear_import(config: dict[str, Any]) -> Any:
     def callback(module: Any) -> None:
-        import tensorrt_llm
-
-        key = select_release(str(tensorrt_llm.__version__), config["releases"])
-        patch_linear_module(module, config["releases"][key]["linear"], config)
+        # Runs inside `import tensorrt_llm` (its __init__ imports the models, hence this module, before
+        # its version): never read the half-initialised package, and never fail its import.
+        try:
+            key = select_release(installed_version(), config["releases"])
+            patch_linear_module(module, config["releases"][key]["linear"], config)
+        except Exception as exc:
+            _COUNTS[f"skipped:{type(exc).__name__}"] += 1
+            LOG.error("trtbuild_gemm: not patching TensorRT-LLM (%s); FP8 linears use its own GEMM", exc)
+            return
         _COUNTS[f"release:{key}"] += 1
     return callback
 

@@ -14,8 +14,9 @@ from typing import Any
 from trtbuild.errors import UserError
 
 DATA_DIR = Path(__file__).parent
-# The release inside the Triton image the deploy stage names (tritonserver:25.12-trtllm-python-py3).
-DEFAULT_VERSION = "1.1.0"
+# The release inside the Triton image the deploy stage names by default (tritonserver:26.07-trtllm-python-py3:
+# the newest image whose TensorRT-LLM has a contract; trtllm-1.2.1.yaml, release.triton_images).
+DEFAULT_VERSION = "1.2.1"
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,14 @@ def available_versions() -> list[str]:
 
 
 # What the GEMM-plugin module needs of a release's fp8_linear section (plugins/trtllm_module/patch.py).
-MODULE_KEYS = ("module", "linear_class", "fp8_method_class", "apply_params", "load_hook", "output_buffer_kind")
+MODULE_KEYS = ("module", "linear_class", "fp8_method_class", "apply_params", "load_hook", "output_buffer_kind",
+               "min_latency")
 
 
 def module_conventions() -> dict[str, dict[str, Any]]:
     """{version: {version_match, linear, source}} of every contract: what the bundle's module ships, so
-    that it picks the convention of the TensorRT-LLM it finds at run time (tensorrt_llm.__version__)."""
+    that it picks the convention of the TensorRT-LLM it finds at run time (from its distribution metadata,
+    never from the half-imported package)."""
     out: dict[str, dict[str, Any]] = {}
     for version in available_versions():
         contract = load_contract(version)

@@ -252,8 +252,19 @@ def check_draft_dir(directory: Path, contract: Contract, where: str = "draft") -
     except (OSError, json.JSONDecodeError):
         config = None
     if isinstance(config, dict):
+        out += check_draft_config(config, contract, f"{where}/config.json")
         out += check_hf_config(config, contract, f"{where}/config.json", family="llama")
     return out
+
+
+def check_draft_config(config: Mapping[str, Any], contract: Contract,
+                       where: str = "draft/config.json") -> list[Violation]:
+    """Keys the release's draft model reads from the draft's config.json with no default."""
+    draft = contract.section("eagle3_draft")
+    fact = contract.fact(draft.get("config_required_source"))
+    return [Violation(f"{where}:{key}", f"is missing; TensorRT-LLM {contract.version}'s EAGLE-3 draft model "
+                      "reads it without a default (AttributeError at load)", fact)
+            for key in draft.get("config_required", []) if key not in config]
 
 
 def _family(config: Mapping[str, Any]) -> str:

@@ -301,7 +301,7 @@ class _Checker:
         if self.cfg.get("quantization_config"):
             return  # quantized drafts carry fp8 weights and fp32 scales
         for name, info in sorted(self.draft.tensors.items()):
-            if name == "d2t":
+            if name in ("d2t", "t2d"):  # index tables (int64 d2t; the EAGLE authors' bool t2d mask)
                 continue
             actual = FLOAT_DTYPES.get(info.dtype)
             if actual != declared:

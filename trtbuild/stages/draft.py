@@ -95,7 +95,7 @@ class DraftStage(Stage):
             return [] if uses_standin(recipe) else [exc.one_line()]
         try:
             target_dir = _known_target_dir(recipe)
-            if target_dir is not None:
+            if target_dir is not None and not _pickled(draft_dir):  # a pickle is checked once converted
                 from trtbuild.eagle3.compat import check_compatible
 
                 check_compatible(draft_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
@@ -131,8 +131,14 @@ class DraftStage(Stage):
             from trtbuild.eagle3.compat import check_compatible
 
             source_dir = self._loaded_dir(config, ctx.recipe)
-            check_compatible(source_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
-            _copy_draft(source_dir, out)
+            if _pickled(source_dir):  # published as pytorch_model.bin: weights-only load, safetensors copy
+                from trtbuild.eagle3.pickled import convert_into
+
+                info["converted"] = convert_into(source_dir, out, _where(config), ctx.progress.log)
+                check_compatible(out, target_dir, ignore=config.compat_ignore, where=_where(config))
+            else:
+                check_compatible(source_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
+                _copy_draft(source_dir, out)
             info["loaded_from"] = str(source_dir.resolve())
             info["compat_ignored"] = list(config.compat_ignore)
 
@@ -170,10 +176,23 @@ class DraftStage(Stage):
                                 fix="give an existing EAGLE-3 draft directory")
         else:
             directory = _hub_dir(config)
-        from trtbuild.model_source import refuse_pickles
+        from trtbuild.eagle3.pickled import is_published_pickle_draft
+        from trtbuild.model_source import pickle_files, refuse_pickles
 
-        refuse_pickles(directory, _where(config))
+        if is_published_pickle_draft(directory, pickle_files(directory)):
+            from trtbuild.eagle3.pickled import PUBLISHED, check_archive
+
+            check_archive(directory / PUBLISHED, _where(config))
+        else:
+            refuse_pickles(directory, _where(config))
         return directory
+
+
+def _pickled(directory: Path) -> bool:
+    from trtbuild.eagle3.pickled import is_published_pickle_draft
+    from trtbuild.model_source import pickle_files
+
+    return is_published_pickle_draft(directory, pickle_files(directory))
 
 
 def _where(config: DraftConfig) -> str:

@@ -23,7 +23,7 @@ class TokenizerOptions(StageConfig):
 
 
 class TrtllmTargetOptions(StageConfig):
-    image: str = Field(default="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3",
+    image: str = Field(default="nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
                        description="Triton TRT-LLM container image the launchers run (its TensorRT-LLM "
                        "must match the one the bundle targets).")
     bundle_mount: str = Field(default="/bundle", description="Where the server sees the bundle: every "

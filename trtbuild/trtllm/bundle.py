@@ -23,6 +23,7 @@ from trtbuild.contract.hf_config import rewrite_config
 from trtbuild.errors import BuildError, UserError
 from trtbuild.layout import BUNDLE, DRAFT_EAGLE3, MODEL_HF, QUANTIZED_HF, served_checkpoint
 from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
+from trtbuild.trtllm.checks import quant_of_dir
 from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
 from trtbuild.trtllm.llm_args import (
@@ -347,10 +348,11 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         release = contract.version
         plugin_module.convention(contract)  # a release without a recorded FP8-linear convention: one line
         hf_config = _hf_config(inputs.target) or _hf_config(inputs.model_hf) or {}
-        quant = (hf_config.get("quantization_config") or {}).get("quant_algo")
+        quant, _, said = quant_of_dir(inputs.target)  # what TensorRT-LLM reads: hf_quant_config.json first
         if quant != "FP8" and not inputs.quantized:
+            said = said or "neither hf_quant_config.json nor config.json"
             raise UserError(f"engine.gemm_plugin runs FP8 per-tensor linears but {inputs.target} is not an FP8 "
-                            f"checkpoint (quantization_config.quant_algo: {quant})", field="engine.gemm_plugin",
+                            f"checkpoint (quant_algo {quant} in {said})", field="engine.gemm_plugin",
                             fix="add a quantize: section (FP8), or remove gemm_plugin")
         module_config = plugin_module.module_config(config.gemm_plugin, hf_config, config.tensor_parallel,
                                                     config.enable_attention_dp)
@@ -363,7 +365,11 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
                 "torch_ops": {k: plugins_op(k) for k in sorted(set(config.gemm_plugin.kernels.values()))},
                 "conventions": sorted(module_config["releases"]),
                 "loaded_by": {"trtllm-serve": launch, "triton_llmapi": {"python_path": launch["python_path"]}},
-                "plan": plugin_module.describe(config.gemm_plugin, archs, contract),
+                "plan": plugin_module.describe(config.gemm_plugin, archs, contract, hf_config,
+                                               config.tensor_parallel, bool(config.enable_min_latency)),
+                "token_ranges": {k: list(v) if v else None for k, v in plugin_module.plugin_token_ranges(
+                    config.gemm_plugin, hf_config, config.tensor_parallel, bool(config.enable_min_latency),
+                    contract).items()},
                 "aot": {"dirs": {k: f"plugins/{k}" for k in sass}, "sass": sass,
                         "note": "build-time check; the server JIT-compiles the same kernel source"}}
 

@@ -8,6 +8,7 @@ values, and the fix. Nothing here imports torch, transformers or tensorrt_llm.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UserError
@@ -41,6 +42,21 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def quant_of_dir(directory: Path) -> tuple[str | None, str | None, str | None]:
+    """(quant_algo, kv_cache_quant_algo, file) as TensorRT-LLM reads them: ModelOpt's hf_quant_config.json
+    (`quantization`) first, then config.json's `quantization_config`; Nones when neither says."""
+    import json
+
+    for name, key in (("hf_quant_config.json", "quantization"), ("config.json", "quantization_config")):
+        try:
+            quant = json.loads((directory / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(quant, dict):
+            return quant.get("quant_algo"), quant.get("kv_cache_quant_algo"), name
+    return None, None, None
+
+
 def checkpoint_quant(recipe: Any) -> tuple[str | None, str | None]:
     """(quant_algo, kv_cache_quant_algo) of the checkpoint the engine will read."""
     quantize = getattr(recipe, "quantize", None)
@@ -48,16 +64,8 @@ def checkpoint_quant(recipe: Any) -> tuple[str | None, str | None]:
         return "FP8", ("FP8" if getattr(quantize, "kv_cache", "none") == "fp8" else None)
     model = getattr(recipe, "model", None)
     if model is not None and model.source == "path" and model.path:
-        import json
-
-        directory = recipe.resolve_path(model.path)
-        for name, key in (("hf_quant_config.json", "quantization"), ("config.json", "quantization_config")):
-            try:
-                quant = json.loads((directory / name).read_text()).get(key)
-            except (OSError, ValueError, AttributeError):
-                continue
-            if isinstance(quant, dict):
-                return quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+        algo, kv_algo, _ = quant_of_dir(recipe.resolve_path(model.path))
+        return algo, kv_algo
     return None, None
 
 

@@ -104,10 +104,10 @@ class GemmPluginSettings(StageConfig):
 
 class EngineConfig(StageConfig):
     trtllm_version: str = Field(
-        default="1.1.0", description="TensorRT-LLM release the bundle is written for (a contract in "
+        default="1.2.1", description="TensorRT-LLM release the bundle is written for (a contract in "
         "trtbuild/contract/: option names, decoding type, launcher flags and how the GEMM-plugin module is "
         "loaded, draft tensor names, Triton request fields). Default: the release in the Triton image "
-        "deploy.trtllm.image names (tritonserver:25.12-trtllm-python-py3 ships 1.1.0).")
+        "deploy.trtllm.image names (tritonserver:26.07-trtllm-python-py3 ships 1.2.1; 25.12 to 26.02 ship 1.1.0).")
     backend: str = Field(default="pytorch", description="pytorch: TensorRT-LLM's LLM-API path, which loads "
                          "the HF checkpoint directly (the only backend; the TensorRT-engine one was removed).")
     max_batch_size: int = Field(default=8, ge=1, le=1 << 16, description="Most requests in flight (max_batch_size).")

@@ -141,12 +141,63 @@ def launch(contract: Contract) -> dict[str, Any]:
             "custom_module_dirs": [f"{MODULE_DIR}/{PACKAGE}"] if flag else []}
 
 
-def describe(settings: Any, archs: list[str], contract: Contract) -> list[str]:
+class _MinLatencyLinear:
+    """What TensorRT-LLM builds as a Llama4MinLatencyLinear, for the shared rule (first_plugin_token)."""
+
+    def __init__(self, in_features: int, out_features: int, enable_fused_gemm_swiglu: bool = False) -> None:
+        self.in_features, self.out_features = in_features, out_features
+        self.enable_fused_gemm_swiglu = enable_fused_gemm_swiglu
+
+
+_MinLatencyLinear.__name__ = "Llama4MinLatencyLinear"
+
+
+def plugin_token_ranges(settings: Any, hf_config: dict[str, Any] | None, tensor_parallel: int,
+                        enable_min_latency: bool, contract: Contract) -> dict[str, tuple[int, int] | None]:
+    """Per linear, the token counts at which it calls quant_method.apply within 1..max_tokens (None: never).
+
+    Without min-latency every selected linear does for all of them. With enable_min_latency, TensorRT-LLM
+    builds Llama4MinLatencyLinear for a Llama 4 model's qkv (hidden 5120, 40 heads, 8 KV heads, tp 8) and
+    its dense MLP / shared expert (hidden 5120, intermediate 16384 or 8192, tp 8), whose own kernels take
+    the small token counts (contract: fp8_linear.min_latency; the module applies the same rule)."""
+    from plugins.trtllm_module.patch import first_plugin_token
+
+    top = settings.max_tokens
+    ranges: dict[str, tuple[int, int] | None] = {"fused qkv": (1, top), "o_proj": (1, top),
+                                                 "fused gate_up": (1, top), "down_proj": (1, top)}
+    rule = contract.fp8_linear.get("min_latency")
+    text = text_config(hf_config or {})
+    if not (enable_min_latency and rule and str(text.get("model_type", "")).startswith("llama4")):
+        return ranges
+    hidden, heads = int(text.get("hidden_size") or 0), int(text.get("num_attention_heads") or 0)
+    kv_heads = int(text.get("num_key_value_heads") or 0)
+    head_dim = int(text.get("head_dim") or hidden // max(1, heads))
+    built: dict[str, Any] = {}
+    if (hidden, heads, kv_heads, tensor_parallel) == (5120, 40, 8, 8):  # Llama4MinLatencyAttention
+        built["fused qkv"] = _MinLatencyLinear(hidden, (heads + 2 * kv_heads) * head_dim // tensor_parallel)
+    inters = {int(text[k]) for k in ("intermediate_size_mlp", "intermediate_size") if text.get(k)}
+    if hidden == 5120 and tensor_parallel == 8 and inters and inters <= {16384, 8192}:  # Llama4MinLatencyGatedMLP
+        inter = max(inters)
+        built["fused gate_up"] = _MinLatencyLinear(hidden, 2 * inter // tensor_parallel, True)
+        built["down_proj"] = _MinLatencyLinear(inter // tensor_parallel, hidden)
+    for name, linear in built.items():
+        first = first_plugin_token(linear, rule)
+        ranges[name] = (first, top) if first <= top else None
+    return ranges
+
+
+def describe(settings: Any, archs: list[str], contract: Contract, hf_config: dict[str, Any] | None = None,
+             tensor_parallel: int = 1, enable_min_latency: bool = False) -> list[str]:
     """One line per arch for `trtbuild plan` and bundle.json: which linears, which kernel, which M, and
     how the release's server loads the module."""
-    linears = " + ".join({"attention": "attention (fused qkv, o_proj)",
-                          "dense": "dense MLP (fused gate_up, down_proj; shared experts)"}[r]
-                         for r in settings.linears)
+    ranges = plugin_token_ranges(settings, hf_config, tensor_parallel, enable_min_latency, contract)
+    roles = {"attention": ("fused qkv", "o_proj"), "dense": ("fused gate_up", "down_proj")}
+    served = [f"{name} {r[0]}..{r[1]}" for role in settings.linears for name in roles[role]
+              if (r := ranges[name]) is not None]
+    never = [name for role in settings.linears for name in roles[role] if ranges[name] is None]
+    where = "attention" + (" and dense MLP / shared-expert" if "dense" in settings.linears else "")
+    if "attention" not in settings.linears:
+        where = "dense MLP / shared-expert"
     flag = contract.custom_module_flag
     loaded = "PYTHONPATH (sitecustomize)" + (f" and trtllm-serve {flag}" if flag else "")
     lines = []
@@ -154,19 +205,23 @@ def describe(settings: Any, archs: list[str], contract: Contract) -> list[str]:
         kernel = settings.kernels.get(arch)
         if kernel is None:
             lines.append(f"{arch}: TensorRT-LLM's own FP8 GEMM for every token count (no kernel named)")
-        else:
-            lines.append(f"{arch}: FP8 per-tensor {linears} run {kernel} for 1..{settings.max_tokens} tokens "
-                         "(decode, speculative verification); more tokens (prefill) and MoE experts keep "
-                         f"TensorRT-LLM's GEMMs; {MODULE_DIR}/{PACKAGE} loaded through {loaded} "
-                         f"(TensorRT-LLM {contract.version})")
+            continue
+        line = (f"{arch}: FP8 per-tensor {where} linears run {kernel} at these token counts: "
+                f"{', '.join(served) or 'none'} (decode, speculative verification)")
+        if never:
+            line += (f"; {', '.join(never)} never call quant_method.apply at 1..{settings.max_tokens} tokens "
+                     "(TensorRT-LLM's min-latency kernels, enable_min_latency), so they get no shuffled copy")
+        lines.append(line + "; more tokens (prefill) and MoE experts keep TensorRT-LLM's GEMMs; "
+                     f"{MODULE_DIR}/{PACKAGE} loaded through {loaded} (TensorRT-LLM {contract.version})")
     return lines
 
 
-def plan_notes(recipe: Any) -> list[str]:
+def plan_notes(recipe: Any, hf_config: dict[str, Any] | None = None) -> list[str]:
     """`trtbuild plan` lines: the GEMM plugin per arch, or nothing when the recipe has none."""
     engine = recipe.stage_config("engine")
     if engine is None or engine.gemm_plugin is None:
         return []
     return ["gemm plugin (engine.gemm_plugin):",
             *(f"  {line}" for line in describe(engine.gemm_plugin, list(recipe.gpu_archs),
-                                                load_contract(engine.trtllm_version)))]
+                                                load_contract(engine.trtllm_version), hf_config,
+                                                engine.tensor_parallel, bool(engine.enable_min_latency)))]

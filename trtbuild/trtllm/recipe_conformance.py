@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.contract import Contract, Violation, load_contract
+from trtbuild.contract import Contract, Violation, available_versions, load_contract
 from trtbuild.contract import validate as cv
 from trtbuild.trtllm.conformance import emitted_violations, serve_spec
 from trtbuild.trtllm.llm_args import LlmApiOptions
@@ -34,7 +34,31 @@ def recipe_violations(config: EngineConfig, recipe: Any) -> list[Violation]:
     deploy = getattr(recipe, "deploy", None)
     if deploy is not None and "trtllm" in deploy.target:
         found += _llmapi_violations(config, deploy, options, contract)
+        found += image_violations(deploy.trtllm.image, contract)
     return found
+
+
+def image_violations(image: str, contract: Contract) -> list[Violation]:
+    """A Triton TRT-LLM image (tritonserver:<yy.mm>-trtllm-python-py3) known to ship another release
+    than the bundle is written for; images no contract names are not judged."""
+    repo, _, tag = image.rpartition(":")
+    if not repo.endswith("nvidia/tritonserver") or not tag.endswith("-trtllm-python-py3"):
+        return []
+    month = tag.removesuffix("-trtllm-python-py3")
+    for version in available_versions():
+        release = load_contract(version).section("release")
+        if month in [str(m) for m in release.get("triton_images", [])] and version != contract.version:
+            other = load_contract(version)
+            return [Violation("deploy.trtllm.image", f"{image} ships TensorRT-LLM {version}, but the bundle is "
+                              f"written for {contract.version} (set engine.trtllm_version: {version}, or an "
+                              f"image of {contract.version}: {release_images(contract)})",
+                              other.fact(release.get("images_source") or release.get("source")))]
+    return []
+
+
+def release_images(contract: Contract) -> str:
+    months = contract.section("release").get("triton_images", [])
+    return ", ".join(f"tritonserver:{m}-trtllm-python-py3" for m in months) or "none recorded"
 
 
 def _llmapi_violations(config: EngineConfig, deploy: Any, options: LlmApiOptions,
