@@ -134,7 +134,8 @@ def test_pytorch_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert data["cuda_graph_config"] == {"batch_sizes": [1, 2, 4], "enable_padding": False}
     assert data["enable_autotuner"] is False
     spec = data["speculative_config"]
-    assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 3 and spec["eagle3_one_model"]  # 1.1.0 and 1.2.1 (the default)
+    # 1.1.0 and 1.2.1 (the default)
+    assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 3 and spec["eagle3_one_model"]
     assert spec["eagle3_layers_to_capture"] == DRAFT_AUX
     assert (bundle / spec["speculative_model_dir"]).is_dir()  # relative to the bundle root
 
