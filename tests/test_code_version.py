@@ -24,6 +24,8 @@ STAGES = ("model", "quantize", "draft", "engine", "deploy")
 
 def _copy_package(tmp_path: Path) -> Path:
     shutil.copytree(PACKAGE_DIR, tmp_path / "trtbuild", ignore=shutil.ignore_patterns("__pycache__"))
+    # the kernels and the served module the engine stage ships, so the copy imports nothing of an installed tree
+    shutil.copytree(PACKAGE_DIR.parent / "plugins", tmp_path / "plugins", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
