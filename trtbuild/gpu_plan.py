@@ -103,7 +103,7 @@ def _quantize_step(recipe: Any, params: int) -> list[str]:
 def _checkpoint_quant(recipe: Any) -> str | None:
     """The checkpoint's quant_algo when the stand-in / config carries ModelOpt's quantization_config."""
     from trtbuild.model_source import target_hf_config
-    from trtbuild.trtllm.checks import quant_of_dir
+    from trtbuild.trtllm.checkpoint_quant import quant_of_dir
 
     found = target_hf_config(recipe)
     if found and not found[1].startswith("stand-in "):  # the weights are here: what TensorRT-LLM reads

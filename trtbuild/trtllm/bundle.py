@@ -23,7 +23,7 @@ from trtbuild.contract.hf_config import rewrite_config
 from trtbuild.errors import BuildError, UserError
 from trtbuild.layout import BUNDLE, DRAFT_EAGLE3, MODEL_HF, QUANTIZED_HF, served_checkpoint
 from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
-from trtbuild.trtllm.checks import quant_of_dir
+from trtbuild.trtllm.checkpoint_quant import quant_of_dir
 from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
 from trtbuild.trtllm.llm_args import (

@@ -8,10 +8,10 @@ values, and the fix. Nothing here imports torch, transformers or tensorrt_llm.
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UserError
+from trtbuild.trtllm.checkpoint_quant import quant_of_dir
 from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, target_facts
 
@@ -40,21 +40,6 @@ def _line(field: str, message: str, fix: str) -> str:
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def quant_of_dir(directory: Path) -> tuple[str | None, str | None, str | None]:
-    """(quant_algo, kv_cache_quant_algo, file) as TensorRT-LLM reads them: ModelOpt's hf_quant_config.json
-    (`quantization`) first, then config.json's `quantization_config`; Nones when neither says."""
-    import json
-
-    for name, key in (("hf_quant_config.json", "quantization"), ("config.json", "quantization_config")):
-        try:
-            quant = json.loads((directory / name).read_text()).get(key)
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(quant, dict):
-            return quant.get("quant_algo"), quant.get("kv_cache_quant_algo"), name
-    return None, None, None
 
 
 def checkpoint_quant(recipe: Any) -> tuple[str | None, str | None]:
