@@ -40,3 +40,29 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], add_special_
     """Token ids of the prompt, as the served endpoint hands them to the model."""
     text = render_chat(tokenizer, messages, add_special_tokens)
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+def request_messages(chat: list[dict[str, str]]) -> list[dict[str, str]]:
+    """A chat as a request: the turns before its final assistant answer (a recorded reply is what
+    the model is to generate, not part of the prompt)."""
+    end = len(chat)
+    while end > 1 and chat[end - 1]["role"] == "assistant":
+        end -= 1
+    return chat[:end]
+
+
+def record_prompt_ids(tokenizer: Any, records: list[Any], count: int, length: int,
+                      add_special_tokens: bool = True) -> list[list[int]]:
+    """`count` token-id prompts, evenly spaced over the records. A chat record becomes the request
+    the served endpoint would see (`chat_prompt_ids`, any length: chat prompts are short); a text
+    record gives its first `length` tokens, BOS included, and texts shorter than that are skipped."""
+    usable: list[list[int]] = []
+    for record in records:
+        if isinstance(record, list):
+            usable.append(chat_prompt_ids(tokenizer, request_messages(record), add_special_tokens))
+        else:
+            ids = tokenizer(record, add_special_tokens=True)["input_ids"]
+            if len(ids) >= length:
+                usable.append(list(ids[:length]))
+    step = max(len(usable) // count, 1) if count else 1
+    return [usable[i * step] for i in range(min(count, len(usable)))]

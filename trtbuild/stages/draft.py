@@ -142,7 +142,7 @@ class DraftStage(Stage):
     code_modules = ("trtbuild.eagle3.format", "trtbuild.eagle3.vocab", "trtbuild.eagle3.compat",
                     "trtbuild.eagle3.model", "trtbuild.eagle3.data", "trtbuild.eagle3.train",
                     "trtbuild.eagle3.export", "trtbuild.eagle3.evaluate", "trtbuild.eagle3.build",
-                    "trtbuild.data.sources", "trtbuild.data.pydoc_corpus")
+                    "trtbuild.data.sources", "trtbuild.data.pydoc_corpus", "trtbuild.data.chat")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         assert isinstance(config, DraftConfig)
