@@ -110,7 +110,7 @@ class QuantizeStage(Stage):
     depends_on = ("model",)
     libraries = ("nvidia-modelopt", "torch", "transformers", "safetensors")
     code_modules = ("trtbuild.modelopt_fp8", "trtbuild.evaluation", "trtbuild.data.sources",
-                    "trtbuild.data.pydoc_corpus")
+                    "trtbuild.data.pydoc_corpus", "trtbuild.export_dtype")
 
     def key_material(self, config: StageConfig, recipe: Any) -> dict[str, Any]:
         from trtbuild.data.sources import fingerprint
@@ -141,7 +141,12 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", use_safetensors=True).to(device).eval()
+    # CPU: calibrate and score in float32, export in the checkpoint's dtype (trtbuild.export_dtype)
+    from trtbuild.export_dtype import checkpoint_dtype, restore_dtype
+
+    saved_dtype = checkpoint_dtype(model_dir) if device == "cpu" else None
+    load_dtype = torch.float32 if saved_dtype is not None else "auto"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype, use_safetensors=True).to(device).eval()
     max_positions = getattr(model.config, "max_position_embeddings", None)
     for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
                            ("quantize.gate.seq_len", config.gate.seq_len)):
@@ -198,6 +203,8 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     export_dir.mkdir(parents=True)
     modelopt_fp8.export_hf(model, export_dir)
     tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, export_dir)
+    if saved_dtype is not None:
+        restore_dtype(export_dir, saved_dtype)
     dtype = model.dtype
     del model
     if device == "cuda":
