@@ -195,8 +195,10 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         raise error
 
     # The export packs weights in place; keep the fake-quant logits the runtime check compares to.
-    with torch.no_grad():
+    dtype = model.dtype
+    with torch.no_grad(), modelopt_fp8.export_rounded_weights(model) as weight_rounding_gap:
         reference_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
+    metrics["export_weight_rounding_gap"] = weight_rounding_gap  # fake quant vs export, max over linears
     summary = modelopt_fp8.quantizer_summary(model)
 
     export_dir = out_dir / "hf"
@@ -205,7 +207,6 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, export_dir)
     if saved_dtype is not None:
         restore_dtype(export_dir, saved_dtype)
-    dtype = model.dtype
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
