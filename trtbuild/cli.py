@@ -230,6 +230,16 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
 def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str | None,
           loadgen: str, server_target: str, max_tokens: int, as_json: bool) -> None:
     """Plain, EAGLE-3 and n-gram decoding on the same prompts (in process), or a server load test."""
+    try:
+        _bench(recipe, overrides, server_url, concurrency, loadgen, server_target, max_tokens, as_json)
+    except TrtbuildError as exc:
+        if as_json:  # like `build --json`: CI reads why from stdout; the one line goes to stderr too
+            _print_json({"recipe": recipe, "status": "failed", "error": exc.one_line()})
+        raise
+
+
+def _bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concurrency: str | None,
+           loadgen: str, server_target: str, max_tokens: int, as_json: bool) -> None:
     if server_url:
         from trtbuild.progress import Progress
         from trtbuild.triton.commands import bench_server_url
@@ -253,7 +263,7 @@ def bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, concu
         config = loaded.bench or BenchConfig(max_draft_len=draft.max_draft_len if draft else 3)
         out = _bench_dir(loaded) / "bench.json"
         report = run_bench(target, draft_dir, None, config, out_path=out,
-                           progress=Progress.for_terminal(enabled=not as_json))
+                           progress=Progress.for_terminal(enabled=not as_json), base_dir=loaded.base_dir)
     if as_json:
         _print_json(report)
     else:

@@ -169,3 +169,42 @@ def weight_bytes(directory: Path) -> int:
     for file in sorted(Path(directory).glob("*.safetensors")):
         total += sum(end - start for start, end in (t["data_offsets"] for t in read_header(file).values()))
     return total
+
+
+@contextlib.contextmanager
+def export_rounded_weights(model: Any) -> Iterator[float]:
+    """Within the block, each FP8 linear computes with the weight its export will hold.
+
+    ModelOpt's fake quantizer rounds w * (448 / amax) to FP8; its exporter rounds w / (amax / 448)
+    (modelopt/torch/export/quant_utils.py `to_quantized_weight`). The two differ by one float32
+    ulp, which decides ties: on a coarse weight grid (a checkpoint dequantized from GGUF Q4_1,
+    SmolLM2-135M) 0.9-1.0 % of an MLP weight's norm, where most layers' attention weights agree to
+    1e-7. The export check compares the runtime with the exported numbers, so its reference runs
+    with them; yields the largest relative weight difference (fake quant vs export) it replaced."""
+    import torch
+
+    saved: list[tuple[Any, torch.Tensor]] = []
+    worst = 0.0
+    try:
+        with torch.no_grad():
+            for module in model.modules():
+                quantizer = getattr(module, "weight_quantizer", None)
+                weight = getattr(module, "weight", None)
+                if quantizer is None or weight is None or not getattr(quantizer, "is_enabled", False):
+                    continue
+                amax = getattr(quantizer, "amax", None)
+                if amax is None or amax.numel() != 1:
+                    continue
+                scale = amax.to(torch.float32) / 448.0
+                exported = (weight.to(torch.float32) / scale).to(torch.float8_e4m3fn).to(torch.float32) * scale
+                fake = quantizer(weight).to(torch.float32)
+                worst = max(worst, ((fake - exported).norm() / exported.norm().clamp_min(1e-30)).item())
+                saved.append((module, weight.detach().clone()))
+                weight.copy_(exported.to(weight.dtype))
+                quantizer.disable()
+        yield worst
+    finally:
+        with torch.no_grad():
+            for module, original in saved:
+                module.weight.copy_(original)
+                module.weight_quantizer.enable()

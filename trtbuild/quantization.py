@@ -114,7 +114,12 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", use_safetensors=True).to(device).eval()
+    # CPU: calibrate and score in float32, export in the checkpoint's dtype (trtbuild.export_dtype)
+    from trtbuild.export_dtype import checkpoint_dtype, restore_dtype
+
+    saved_dtype = checkpoint_dtype(model_dir) if device == "cpu" else None
+    load_dtype = torch.float32 if saved_dtype is not None else "auto"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype, use_safetensors=True).to(device).eval()
     max_positions = getattr(model.config, "max_position_embeddings", None)
     for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
                            ("quantize.gate.seq_len", config.gate.seq_len)):
@@ -163,15 +168,18 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         raise error
 
     # The export packs weights in place; keep the fake-quant logits the runtime check compares to.
-    with torch.no_grad():
+    dtype = model.dtype
+    with torch.no_grad(), modelopt_fp8.export_rounded_weights(model) as weight_rounding_gap:
         reference_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
+    metrics["export_weight_rounding_gap"] = weight_rounding_gap  # fake quant vs export, max over linears
     summary = modelopt_fp8.quantizer_summary(model)
 
     export_dir = out_dir / QUANTIZED_HF
     export_dir.mkdir(parents=True)
     modelopt_fp8.export_hf(model, export_dir)
     tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, export_dir)
-    dtype = model.dtype
+    if saved_dtype is not None:
+        restore_dtype(export_dir, saved_dtype)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

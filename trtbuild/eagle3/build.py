@@ -94,7 +94,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=ctx.recipe.base_dir)
         plan = DataPlan(samples=config.samples, seq_len=config.seq_len,
                         distill_fraction=config.distill_fraction, prompt_len=config.prompt_len,
-                        seed=config.seed, separator=joiner(config.dataset, ctx.recipe.base_dir))
+                        seed=config.seed, separator=joiner(config.dataset, ctx.recipe.base_dir),
+                        chat_prompts=chat_requests(config, tokenizer, ctx.recipe.base_dir))
         pool = build_pool(target, tokenizer, texts, plan, ctx.progress)
         tmp = pool_file.with_name(f".{pool_file.name}.tmp")
         save_file({"pool": pool.contiguous()}, str(tmp))
@@ -133,3 +134,12 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
             "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)",
             "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps)}
     return {"metrics": metrics, "info": info}
+
+
+def chat_requests(config: DraftConfig, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
+    """The chat records of the training source as served requests (None for a text source)."""
+    from trtbuild.data.chat import chat_prompt_ids, request_messages
+    from trtbuild.data.sources import load_records
+
+    chats = [r for r in load_records(config.dataset, "train", base_dir=base_dir) if isinstance(r, list)]
+    return [chat_prompt_ids(tokenizer, request_messages(c)) for c in chats] or None

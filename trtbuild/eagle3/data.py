@@ -34,6 +34,9 @@ class DataPlan:
     gen_batch: int = 128  # sequences generated together: the tiny target is cheap per row, costly per call
     bos: bool = True  # start every sequence with the tokenizer's BOS, as its prompts are at serving
     separator: str | None = None  # how records join into one stream (sources.joiner)
+    # Chat sources: the requests as the served endpoint renders them (trtbuild.data.chat); the
+    # generated part of the pool then continues these instead of random text windows.
+    chat_prompts: list[list[int]] | None = None
 
 
 @torch.no_grad()
@@ -63,7 +66,9 @@ def build_pool(model: nn.Module, tokenizer: Any, texts: list[str], plan: DataPla
     if n_text:
         parts.append(token_windows(tokenizer, texts, n_text, plan.seq_len, plan.seed, bos=plan.bos,
                                    separator=plan.separator))
-    if n_distill:
+    if n_distill and plan.chat_prompts:
+        parts.append(chat_responses(model, plan.chat_prompts, n_distill, plan, progress))
+    elif n_distill:
         prompt_len = min(plan.prompt_len, plan.seq_len - 1)
         prompts = token_windows(tokenizer, texts, n_distill, prompt_len, plan.seed + 1, bos=plan.bos,
                                 separator=plan.separator)
@@ -75,3 +80,30 @@ def build_pool(model: nn.Module, tokenizer: Any, texts: list[str], plan: DataPla
                 bar.advance(len(batch))
         parts.append(torch.cat(generated))
     return torch.cat(parts)
+
+
+def chat_responses(model: nn.Module, requests: list[list[int]], count: int, plan: DataPlan,
+                   progress: Progress) -> torch.Tensor:
+    """LongTensor [count, seq_len]: chat requests (cycled in a seeded order) each followed by the
+    target's own greedy answer. At serving the draft speculates the answer that follows the chat
+    template's open assistant turn; random windows of rendered chats rarely start a reply there,
+    so they train the draft on features it does not meet after a request (bench/RESULTS.md,
+    "SmolLM2: the first draft position"). Requests longer than seq_len - 8 are cut to their end."""
+    generator = torch.Generator().manual_seed(plan.seed + 1)
+    order = torch.randperm(len(requests), generator=generator).tolist()
+    keep = plan.seq_len - 8
+    picked = [requests[order[i % len(order)]][-keep:] for i in range(count)]
+    by_length: dict[int, list[int]] = {}
+    for i, ids in enumerate(picked):
+        by_length.setdefault(len(ids), []).append(i)
+    rows: list[torch.Tensor | None] = [None] * count
+    with progress.task("draft: target answers to chat requests", count) as bar:
+        for length, members in sorted(by_length.items()):
+            for start in range(0, len(members), plan.gen_batch):
+                chunk = members[start:start + plan.gen_batch]
+                prompts = torch.tensor([picked[i] for i in chunk], dtype=torch.long)
+                out = greedy_continue(model, prompts, plan.seq_len - length)
+                for i, row in zip(chunk, out, strict=True):
+                    rows[i] = row
+                bar.advance(len(chunk))
+    return torch.stack([r for r in rows if r is not None])

@@ -2,7 +2,7 @@
 
 tau = tokens emitted per decode-step target forward (accepted draft tokens + the target's own
 token), pooled over all prompts, greedy target, at the recipe's max_draft_len. The prompts are
-made like `trtbuild bench`'s (trtbuild.runtime.bench.record_prompts): the first `prompt_len`
+made like `trtbuild bench`'s (trtbuild.data.chat.record_prompt_ids): the first `prompt_len`
 tokens of held-out records, BOS included, as a request starts; windows cut from the middle of
 a BOS-less stream measured a different draft (0.6-0.9 higher tau than the bench, see
 bench/RESULTS.md). Generation does not stop at EOS so every prompt contributes the same number
@@ -24,16 +24,18 @@ FIRST_NORM = "standard"
 
 
 def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> list[list[int]]:
-    """`settings.prompts` token-id prompts: record starts of the eval split, as the bench makes them."""
+    """`settings.prompts` token-id prompts, made as the bench makes them: record starts of the eval
+    split, or, for chat records, the request rendered with the chat template exactly as the served
+    OpenAI endpoint renders it (trtbuild.data.chat; short prompts allowed)."""
     from transformers import AutoTokenizer
 
-    from trtbuild.data.sources import load_texts
+    from trtbuild.data.chat import record_prompt_ids
+    from trtbuild.data.sources import load_records
     from trtbuild.errors import UserError
-    from trtbuild.runtime.bench import record_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    texts = load_texts(settings.dataset, "eval", tokenizer=tokenizer, base_dir=base_dir)
-    prompts = record_prompts(tokenizer, texts, settings.prompts, settings.prompt_len)
+    records = load_records(settings.dataset, "eval", base_dir=base_dir)
+    prompts = record_prompt_ids(tokenizer, records, settings.prompts, settings.prompt_len)
     if not prompts:
         raise UserError(f"no record of the evaluation text has {settings.prompt_len} tokens",
                         field="draft.eval.prompt_len", fix="lower draft.eval.prompt_len")

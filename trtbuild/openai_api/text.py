@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# For tokenizers without a chat template (the tiny rehearsal model was trained on plain text):
-# one "role: content" line per message and an open assistant turn.
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
+from trtbuild.data.chat import FALLBACK_CHAT_TEMPLATE, chat_template, render_chat
+
+__all__ = ["FALLBACK_CHAT_TEMPLATE", "PromptText", "StopText"]
 
 
 class PromptText:
@@ -18,17 +15,12 @@ class PromptText:
     def __init__(self, tokenizer: Any, add_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
-        self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
+        self.template = chat_template(tokenizer)
         self.own_template = self.template is not FALLBACK_CHAT_TEMPLATE
 
     def chat(self, messages: list[dict[str, str]]) -> str:
-        text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=True)
-        bos = getattr(self.tokenizer, "bos_token", None)
-        # Templates that write BOS themselves would get a second one when the model encodes the text.
-        if self.add_special_tokens and bos and text.startswith(bos):
-            text = text[len(bos):]
-        return text
+        # the one rendering `trtbuild bench` and the draft stage's evaluation use as well
+        return render_chat(self.tokenizer, messages, self.add_special_tokens)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])

@@ -27,9 +27,12 @@ class BenchConfig(StageConfig):
     """The recipe's `bench:` section."""
 
     prompts: str = Field("pydoc-heldout", description="'pydoc-heldout', or a .txt (paragraphs "
-                         "separated by blank lines) / .jsonl ({\"prompt\": ...}) file")
+                         "separated by blank lines) / .jsonl ({\"prompt\": ...} or chat {\"messages\": "
+                         "[...]}, rendered with the chat template as the served endpoint does) file; "
+                         "relative to the recipe's directory")
     num_prompts: int = Field(8, ge=1, le=10**5, description="prompts decoded by each mode")
-    prompt_len: int = Field(64, ge=1, le=1 << 20, description="prompt tokens (longer prompts are truncated)")
+    prompt_len: int = Field(64, ge=1, le=1 << 20, description="prompt tokens of text prompts (longer ones "
+                            "are truncated, shorter skipped); chat prompts are used whole")
     max_new_tokens: int = Field(128, ge=2, le=1 << 20, description="tokens generated per prompt (no early stop)")
     max_draft_len: int = Field(5, ge=1, le=16, description="draft depth (tokens drafted per step in a chain)")
     tree: Literal["chain", "dynamic"] = Field("dynamic", description="chain drafting or a dynamic top-k tree")
@@ -50,9 +53,15 @@ class BenchConfig(StageConfig):
                                          "looked up (TRT-LLM's max_matching_ngram_size)")
 
 
-def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
-    """Token-id prompts of exactly `length` tokens (texts too short are skipped)."""
-    texts = _prompt_texts(source)
+def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int,
+                 base_dir: Path | None = None) -> list[list[int]]:
+    """Token-id prompts: text records cut to exactly `length` tokens (shorter ones skipped); chat
+    records ({"messages": [...]}) rendered with the target's chat template as the served OpenAI
+    endpoint renders them (trtbuild.data.chat), whatever their length. Relative paths start at
+    `base_dir` (the recipe's directory)."""
+    from trtbuild.data.chat import record_prompt_ids
+
+    records = _prompt_records(source, base_dir)
     try:
         from transformers import AutoTokenizer
 
@@ -61,7 +70,7 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int) -> l
         raise UserError(f"cannot load a tokenizer from the target directory ({exc.__class__.__name__})",
                         file=str(tokenizer_dir), fix="bench needs the tokenizer files next to the model"
                         ) from None
-    usable = record_prompts(tokenizer, texts, count, length)
+    usable = record_prompt_ids(tokenizer, records, count, length)
     if not usable:
         raise UserError(f"no prompt in {source!r} has {length} tokens", field="bench.prompt_len",
                         fix="lower bench.prompt_len")
@@ -70,42 +79,47 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int) -> l
 
 def record_prompts(tokenizer: Any, texts: list[str], count: int, length: int) -> list[list[int]]:
     """The first `length` tokens of `count` texts, evenly spaced over those long enough, encoded as
-    the tokenizer encodes a prompt (BOS included): how requests start. Shared with the draft
-    stage's evaluation, so its acceptance length is measured on prompts like the bench's."""
-    usable = []
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-        if len(ids) >= length:
-            usable.append(ids[:length])
-    step = max(len(usable) // count, 1) if count else 1
-    return [usable[i * step] for i in range(min(count, len(usable)))]
+    the tokenizer encodes a prompt (BOS included): how requests start."""
+    from trtbuild.data.chat import record_prompt_ids
+
+    return record_prompt_ids(tokenizer, list(texts), count, length)
 
 
-def _prompt_texts(source: str) -> list[str]:
+def _prompt_records(source: str, base_dir: Path | None = None) -> list[Any]:
+    """Texts (str) and chats (lists of messages) of a bench prompt source."""
     if source == "pydoc-heldout":
         from trtbuild.data import pydoc_corpus
 
         return list(pydoc_corpus.split()[1])
-    path = Path(source)
+    path = Path(source).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
     if not path.is_file():
-        raise UserError("prompt file not found", file=source, field="bench.prompts",
-                        fix="use 'pydoc-heldout' or a .txt/.jsonl file")
+        raise UserError("prompt file not found", file=str(path), field="bench.prompts",
+                        fix="use 'pydoc-heldout' or a .txt/.jsonl file (relative to the recipe's directory)")
     if path.suffix == ".jsonl":
-        texts = []
+        from trtbuild.data.sources import _record
+
+        records: list[Any] = []
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                texts.append(str(json.loads(line)["prompt"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise UserError("each line must be a JSON object with a 'prompt'", file=source,
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise UserError("each line must be a JSON object with a 'prompt' or 'messages'", file=str(path),
                                 line=number, field="bench.prompts") from None
-        return texts
+            if isinstance(obj, dict) and "prompt" in obj:
+                records.append(str(obj["prompt"]))
+            else:
+                records.append(_record(obj, None, where=(str(path), number)))
+        return records
     return [p for p in path.read_text().split("\n\n") if p.strip()]
 
 
 def run_bench(target_dir: Path, draft_dir: Path | None, prompts: list[list[int]] | None, cfg: BenchConfig, *,
-              out_path: Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
+              out_path: Path | None = None, progress: Progress | None = None,
+              base_dir: Path | None = None) -> dict[str, Any]:
     """Decodes each prompt plain, with the EAGLE-3 draft and with n-gram lookup, back to back.
 
     Every mode runs the same target (same dtype, same kernels); only the drafting differs.
@@ -126,7 +140,7 @@ def run_bench(target_dir: Path, draft_dir: Path | None, prompts: list[list[int]]
         torch.set_num_threads(cfg.threads)
     target_dir = Path(target_dir)
     if prompts is None:
-        prompts = load_prompts(cfg.prompts, target_dir, cfg.num_prompts, cfg.prompt_len)
+        prompts = load_prompts(cfg.prompts, target_dir, cfg.num_prompts, cfg.prompt_len, base_dir)
     target = load_target(target_dir)
     draft = load_draft(Path(draft_dir), target, first_norm=cfg.draft_norm) if draft_dir is not None else None
     generator = Generator(target, draft)

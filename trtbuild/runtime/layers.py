@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # computed through float32 where an op needs it
 
 
 def fp8_round(x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +154,11 @@ def apply_linears(linears: list[Linear], x: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Written out: F.rms_norm's CPU kernel goes through dtype round trips and costs ~5x more
-    # per call on decode-sized rows; this is also transformers' LlamaRMSNorm formula.
+    # per call on decode-sized rows; this is also transformers' LlamaRMSNorm formula, which
+    # normalizes 16-bit inputs in float32 and rounds back before the weight (as here).
+    if x.dtype in HALF_DTYPES:
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
@@ -191,7 +196,13 @@ def rope_table(cfg: dict, head_dim: int, max_len: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D] (interleaved pairs) rotated by rot [T, D/2] (or [B, T, D/2])."""
+    """x [B, T, H, D] (interleaved pairs) rotated by rot [T, D/2] (or [B, T, D/2]).
+
+    16-bit inputs rotate in float32 (complex views exist for float32/float64 only; bf16 has none)
+    and round back once, as transformers applies RoPE to a bf16 model's q/k in its own dtype after
+    computing cos/sin in float32."""
+    if x.dtype in HALF_DTYPES:
+        return apply_rope(x.float(), rot).to(x.dtype)
     shape = x.shape
     z = torch.view_as_complex(x.reshape(*shape[:-1], shape[-1] // 2, 2))
     rot = rot[:, None, :] if rot.dim() == 2 else rot[:, :, None, :]

