@@ -83,3 +83,17 @@ def test_bench_json_reports_errors_as_json(tmp_path):
     report = json.loads(proc.stdout)
     assert report["status"] == "failed" and "num_prompts" in report["error"]
     assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_short_chat_evaluation_prompts_validate(tmp_path):
+    """Chat prompts are used whole (about ten tokens), so validate's one-prompt length rule for text
+    records does not refuse them; the same records as plain text are refused."""
+    chats = "".join(json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"}]}) + "\n" for i in range(8))
+    (tmp_path / "e.jsonl").write_text(chats)
+    (tmp_path / "e.txt").write_text("Question?\n\n" * 8)
+    for data, expected in (("e.jsonl", 0), ("e.txt", 2)):
+        (tmp_path / "r.yaml").write_text(f"name: r\nmodel: {{source: tiny}}\ndraft:\n  eval:\n    dataset: {data}\n")
+        done = subprocess.run([sys.executable, "-m", "trtbuild.cli", "validate", str(tmp_path / "r.yaml")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == expected, done.stderr[-2000:]
+    assert "tokens of one prompt" in done.stderr

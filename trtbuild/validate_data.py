@@ -132,7 +132,8 @@ def _data_sources(recipe: Any) -> list[str]:
         # A token covers at least one byte of text (byte-level BPE, SentencePiece with byte fallback),
         # and each record may add a BOS / separator: fewer bytes than that cannot fill one window.
         sizes = [_record_bytes(r) + 2 for r in records]
-        if one_record and max(sizes) < window:
+        chats = any(isinstance(r, list) for r in records)  # a chat prompt is used whole, at any length
+        if one_record and not chats and max(sizes) < window:
             out.append(f"{field}.path: the longest of the {len(records)} records in {path} has {max(sizes) - 2} "
                        f"bytes of text, fewer than the {window} tokens of one prompt (fix: give longer records, "
                        "or lower draft.eval.prompt_len)")
