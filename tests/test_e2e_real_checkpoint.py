@@ -66,7 +66,7 @@ def test_served_chat_answers_like_the_model(built):
     model_dir, info = local_model_dir(out / "deploy")
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
-            openai_front(model_dir, 0)(server.endpoints) as front_lines:
+            openai_front(model_dir, 0)(server) as front_lines:
         client = OpenAI(base_url=front_lines[0].split()[1], api_key="unused")
         chat = client.chat.completions.create(
             model=info["model_name"], messages=[{"role": "user", "content": "What is the capital of France?"}],
