@@ -60,3 +60,37 @@ def test_model_that_cannot_load_is_a_one_line_error_and_nothing_is_left(tmp_path
         server.start(ready_timeout_s=300)
     assert server.pid is None and not server.is_running()
     assert server.last_pid is not None and group_members(server.last_pid) == []
+
+
+@pytest.mark.parametrize("which", ["triton_http_port", "triton_grpc_port"])
+def test_tritonserver_port_taken_before_it_binds_gets_another(tmp_path: Path, which: str) -> None:
+    """tritonserver's own ports are picked free, yet another process may take one before it binds
+    (CI saw gRPC's): the server starts on fresh ones, the public HTTP and gRPC ports unchanged."""
+    import socket
+    import urllib.request
+
+    from trtbuild.triton.server import TritonServer
+
+    sources = write_sources(tmp_path / "sources")
+    recipe = make_recipe(tmp_path, draft=False, deploy={"target": "local"})
+    engine = build_engine(tmp_path, sources, recipe)
+    deploy, _ = build_deploy(tmp_path, engine, recipe)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = TritonServer([deploy / "repo_local"], http_port=0, grpc_port=0, metrics_port=0)
+        setattr(server, which, taken)
+        public = server.endpoints
+        try:
+            server.start(ready_timeout_s=300)
+            assert getattr(server, which) != taken
+            assert (server.endpoints.http_port, server.endpoints.grpc_port) == (public.http_port, public.grpc_port)
+            with urllib.request.urlopen(f"http://{public.http}/v2/health/ready", timeout=10) as response:
+                assert response.status == 200
+            if which == "triton_grpc_port":  # the gRPC front relays to the new port
+                import tritonclient.grpc as grpcclient
+
+                assert grpcclient.InferenceServerClient(public.grpc).is_server_ready()
+        finally:
+            assert server.stop() == 0

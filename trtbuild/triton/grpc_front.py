@@ -61,11 +61,14 @@ class GrpcFront:
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtbuild-grpc-front", daemon=True)
         self._thread.start()
 
-    async def _setup(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
+    def _new_channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(
             f"127.0.0.1:{self.upstream_port}",
             options=[("grpc.max_receive_message_length", UPSTREAM_MAX_MESSAGE),
                      ("grpc.max_send_message_length", self.max_message)])
+
+    async def _setup(self) -> None:
+        self._channel = self._new_channel()
         self._server = grpc.aio.server(
             handlers=[_Proxy(self)], maximum_concurrent_rpcs=self.max_calls,
             options=[("grpc.max_receive_message_length", self.max_message),
@@ -100,6 +103,16 @@ class GrpcFront:
                 sink.close()
 
         await asyncio.gather(pump(client_reader, up_writer), pump(up_reader, client_writer), return_exceptions=True)
+
+    def retarget(self, upstream_port: int) -> None:
+        """Relay to tritonserver on another port (it was restarted there)."""
+        async def reconnect() -> None:
+            old, self.upstream_port = self._channel, upstream_port
+            self._channel = self._new_channel()
+            if old is not None:
+                await old.close()
+
+        asyncio.run_coroutine_threadsafe(reconnect(), self._loop).result(timeout=10)
 
     def close(self, grace_s: float = 5.0) -> None:
         if self._thread is None:

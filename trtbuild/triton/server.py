@@ -35,6 +35,7 @@ no child and no region outlives `stop`. `serve` restarts a tritonserver that die
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -59,6 +60,7 @@ from trtbuild.errors import BuildError, UserError
 
 HOST = "127.0.0.1"
 DRAIN_MARGIN_S = 15  # after the drain file: time for the model to cut its requests and unload
+PORT_RETRIES = 3  # fresh internal ports after tritonserver lost one to another process
 MAX_BODY_BYTES = 8 << 20
 MAX_JSON_DEPTH = 32
 ADMIN_APIS = "shared-memory,model-repository,logging,trace"  # nobody: the key is never sent
@@ -180,6 +182,7 @@ class TritonServer:
                  max_body_bytes: int = MAX_BODY_BYTES, max_json_depth: int = MAX_JSON_DEPTH) -> None:
         self.repositories = [Path(r).resolve() for r in repositories]
         ports = [p or free_port() for p in (http_port, grpc_port, metrics_port)]
+        self._auto_metrics_port = not metrics_port
         self.endpoints = Endpoints(*ports)
         self.exit_timeout_s = exit_timeout_s
         self.auto_complete_config = auto_complete_config
@@ -188,6 +191,7 @@ class TritonServer:
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
+        self._log_start = 0  # where this launch's lines begin in the log
         self.last_pid: int | None = None  # the server's pid (and process group), kept after stop()
         self._failed = False
         self._admin_key = secrets.token_hex(16)  # unlocks the admin APIs: never sent
@@ -282,6 +286,42 @@ class TritonServer:
         return self.endpoints
 
     def _launch(self, ready_timeout_s: float) -> None:
+        # tritonserver's own ports were free when picked, but any process (an outgoing connection's
+        # ephemeral port included) may take one before tritonserver binds it: pick others and retry.
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                self._launch_once(ready_timeout_s)
+                return
+            except BuildError:
+                if attempt < PORT_RETRIES and self._lost_a_port_race():
+                    self._repick_internal_ports()
+                    continue
+                self.stop(timeout_s=10)
+                raise
+            except BaseException:
+                self.stop(timeout_s=10)
+                raise
+
+    def _lost_a_port_race(self) -> bool:
+        if self._front_options is None or self._log_path is None or not self._log_path.is_file():
+            return False  # without the fronts the ports are the user's: a clash is theirs to fix
+        with open(self._log_path, "rb") as log:
+            log.seek(self._log_start)
+            return b"already in use" in log.read()  # gRPC: "Address already in use"; HTTP: "Socket '...' already in use"
+
+    def _repick_internal_ports(self) -> None:
+        if self._log_file is None and self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)  # the next try writes a log of its own
+        self.triton_http_port, self.triton_grpc_port = free_port(), free_port()
+        if self._auto_metrics_port:  # public, but nobody has been told it yet
+            self.endpoints = dataclasses.replace(self.endpoints, metrics_port=free_port())
+        if self._front is not None:
+            self._front.upstream_port = self.triton_http_port
+        if self._grpc_front is not None:
+            self._grpc_front.retarget(self.triton_grpc_port)
+        self._failed = False
+
+    def _launch_once(self, ready_timeout_s: float) -> None:
         dist = find_dist()
         remove_stale_shm()
         self._workdir = tempfile.TemporaryDirectory(prefix="trtbuild-triton-")
@@ -309,6 +349,7 @@ class TritonServer:
             self.warnings.append("no C compiler (cc): tritonserver's API key is on its command line and it "
                                  "will not die with `serve`; install gcc to fix both")
             cmd = self.command(backend_dir, dist, secret=lambda n: keys[n])
+        self._log_start = self._log_path.stat().st_size if self._log_path.is_file() else 0
         with open(self._log_path, "ab") as log:
             # Own session: the server's process group holds it and its python stubs, so stop()
             # can make sure none of them is left behind. umask 077: its shared memory is its own.
@@ -320,7 +361,7 @@ class TritonServer:
             self._wait_ready(ready_timeout_s)
         except BaseException:
             self._failed = True
-            self.stop(timeout_s=10)
+            self._stop_server()
             raise
         self.secure_shm()
         if self._front is not None:
@@ -426,6 +467,19 @@ class TritonServer:
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def _stop_server(self) -> None:
+        """End a tritonserver that failed to start (the fronts stay up for the next try)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            self._reap(proc)
+            remove_pid_file(self.endpoints.http_port, proc.pid)
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
 
     def stop(self, timeout_s: float | None = None) -> int | None:
         """Graceful stop: refuse new requests, let those in flight finish for `timeout_s` (default
