@@ -6,8 +6,10 @@ its last checkpoint; the resume dir is removed once the export is complete.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from trtbuild.stage_api import StageContext
 
 POOL_FILE = "pool.safetensors"  # a tensor file, never a pickle: the resume dir lies in the cache
+TRAIN_LOG = "train_log.json"  # in the artifact: the global batch's loss at every step, where it ran
 
 
 def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
@@ -111,29 +114,107 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     model = convert_to_eagle3(target, arch, d2t)
     for note in ignored_settings(config.ttt_steps, config.loss_decay):
         ctx.progress.log(f"draft: {note} (the TensorRT-LLM 1.1 container's release)")
+    placement = training_placement(config)
     plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.seed,
                      warmup_steps=min(10, max(1, config.total_steps() // 10)),
-                     checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len)
-    result = train(model, pool, plan, resume, ctx.progress)
+                     checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len,
+                     device=placement["device"], autocast=placement["autocast"],
+                     micro_batch_size=config.train.micro_batch_size)
+    if config.train.world_size() == 1:
+        if placement["target_dtype"] != "float32":  # frozen target in bf16; the draft trains in float32
+            model.to(getattr(torch, placement["target_dtype"]))
+            model.eagle_module.float()
+        result = asdict(train(model, pool, plan, resume, ctx.progress))
+    else:
+        result = train_distributed(config, ctx, model, plan, placement, target_dir, resume, arch)
+    model.to("cpu")
     exported = export_draft(model, out, target_dir=target_dir, dtype=export_dtype)
     check_compatible(out, target_dir, where="draft")  # our own export must pass the loader's checks
+    (ctx.out_dir / TRAIN_LOG).write_text(json.dumps(
+        {"losses": result["losses"], "world_size": result["world_size"], "device": placement["device"],
+         "autocast": placement["autocast"], "resumed_from_step": result["resumed_from"]}) + "\n")
     shutil.rmtree(resume, ignore_errors=True)
 
     metrics = {
-        "train_steps": result.steps,
-        "train_seconds": round(result.seconds, 1),
+        "train_steps": result["steps"],
+        "train_seconds": round(result["seconds"], 1),
+        "train_processes": result["world_size"],
+        "train_device": placement["device"],
         "data_seconds": round(data_seconds, 1),
-        "train_loss": round(result.final_loss, 4),
-        "train_step_accuracy": [round(a, 4) for a in result.step_accuracy],
-        "train_estimated_tau": round(result.estimated_tau, 3),
+        "train_loss": round(result["final_loss"], 4),
+        "train_step_accuracy": [round(a, 4) for a in result["step_accuracy"]],
+        "train_estimated_tau": round(result["estimated_tau"], 3),
         "vocab_coverage": round(coverage, 4),
         "pool_sequences": int(pool.shape[0]),
         "pool_tokens": int(pool.numel()),
     }
-    info = {"resumed_from_step": result.resumed_from, "export": exported,
-            "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)",
+    info = {"resumed_from_step": result["resumed_from"], "export": exported,
+            "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)"
+                       + (f", DDP over {result['world_size']} processes" if result["world_size"] > 1 else ""),
             "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps)}
     return {"metrics": metrics, "info": info}
+
+
+def training_placement(config: DraftConfig) -> dict[str, Any]:
+    """Device, forward autocast dtype and target dtype of the training, from `draft.train`."""
+    from trtbuild.eagle3.distributed import resolve_autocast, resolve_backend, resolve_device
+
+    device = resolve_device(config.train.device)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("draft.train.device is cuda but torch sees no GPU", field="draft.train.device",
+                            fix="use auto or cpu, or run on a GPU host with a CUDA build of torch")
+    autocast = resolve_autocast(config.train.dtype, device)
+    backend = resolve_backend(config.train.backend, device)
+    if backend == "nccl" and device != "cuda":
+        raise UserError("draft.train.backend nccl needs device cuda", field="draft.train.backend",
+                        fix="use backend gloo (or auto) on the CPU")
+    return {"device": device, "autocast": autocast, "backend": backend,
+            "target_dtype": "bfloat16" if device == "cuda" and autocast == "bfloat16" else "float32"}
+
+
+def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: Any, placement: dict[str, Any],
+                      target_dir: Path, resume: Path, arch: Any) -> dict[str, Any]:
+    """Launch the ranks (torchrun; under Slurm for several nodes), then load the trained draft into `model`."""
+    from trtbuild.eagle3 import distributed as dist_train
+
+    settings = config.train
+    done = dist_train.read_result(resume, model)  # a finished run whose export was interrupted
+    if done is not None:
+        ctx.progress.log(f"draft: using the finished distributed training in {resume}")
+        done["resumed_from"] = done["steps"]
+        return done
+    job = dist_train.TrainJob(target_dir=str(target_dir.resolve()), resume_dir=str(resume.resolve()),
+                              pool_file=str((resume / POOL_FILE).resolve()), arch=asdict(arch),
+                              plan=asdict(plan), target_dtype=placement["target_dtype"],
+                              backend=placement["backend"])
+    job_file = dist_train.write_job(job, model)
+    what = f"draft: training EAGLE-3 ({settings.processes} processes x {settings.nodes} nodes, {placement['backend']})"
+    if settings.nodes == 1:
+        argv = dist_train.torchrun_argv(job_file, settings.processes)
+    elif dist_train.in_slurm_allocation(settings.nodes):
+        argv = dist_train.srun_argv(job_file, settings.processes, settings.nodes, dist_train.slurm_head_node(),
+                                    settings.slurm.rdzv_port)
+    else:
+        script = resume / dist_train.SLURM_SCRIPT
+        script.write_text(dist_train.slurm_script(job_file, settings.processes, settings.nodes, settings.slurm,
+                                                  getattr(ctx.recipe, "name", "") or ""))
+        script.chmod(0o755)
+        raise UserError(f"draft.train.nodes {settings.nodes} needs a Slurm allocation of that many nodes; "
+                        f"the job is prepared: sbatch {script}, then run the same build again",
+                        field="draft.train.nodes",
+                        fix="submit the script (or run the build inside salloc/sbatch), or set nodes: 1")
+    dist_train.launch(argv, resume, plan.steps, ctx.progress, what)
+    result = dist_train.read_result(resume, model)
+    if result is None:
+        from trtbuild.errors import BuildError
+
+        raise BuildError(f"draft: the training processes exited without a result in {resume}",
+                         fix=f"see {resume / dist_train.LAUNCH_LOG}")
+    return result
+
 
 
 def chat_requests(config: DraftConfig, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:

@@ -28,6 +28,45 @@ class DraftEval(StageConfig):
                                            "runtime: one chain of max_draft_len tokens, or a tree.")
 
 
+_SLURM_WORD = r"^[A-Za-z0-9][A-Za-z0-9._,+-]*$"  # anchored: pydantic patterns search
+
+
+class DraftTrainSlurm(StageConfig):
+    partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
+    account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
+    time_limit: str = Field(default="04:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$",
+                            description="#SBATCH -t ([D-]HH:MM:SS).")
+    job_name: str = Field(default="trtbuild-draft", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
+    rdzv_port: int = Field(default=29500, ge=1024, le=65535, description="Port of torchrun's c10d rendezvous "
+                           "on the first node of the allocation.")
+
+
+class DraftTraining(StageConfig):
+    """How `source: train` runs: processes, nodes, device and dtype (torchrun + DDP when more than one)."""
+
+    processes: int = Field(default=1, ge=1, le=64, description="Training processes per node (one per GPU on "
+                           "a GPU host). > 1: the stage launches them itself with torchrun, each trains on "
+                           "its shard of every global batch (draft.batch_size sequences) and DDP averages the "
+                           "draft's gradients; the target stays frozen in every process.")
+    nodes: int = Field(default=1, ge=1, le=4096, description="Nodes; > 1 runs under Slurm (srun + torchrun, "
+                       "c10d rendezvous): inside an allocation the stage runs srun itself, elsewhere it writes "
+                       "the sbatch script and says where.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="torch.distributed backend; "
+                                                     "auto: nccl on CUDA, gloo on CPU.")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the target and draft run; "
+                                                   "auto: CUDA when a GPU is visible, else the CPU.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="Compute dtype of the training forward: auto is bfloat16 autocast on "
+        "CUDA (weights and optimizer stay float32) and float32 on the CPU.")
+    micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Sequences per forward "
+                                         "in one process (gradient accumulation up to its shard of the "
+                                         "global batch). Default: the whole shard.")
+    slurm: DraftTrainSlurm = Field(default_factory=DraftTrainSlurm, description="sbatch settings (nodes > 1).")
+
+    def world_size(self) -> int:
+        return self.processes * self.nodes
+
+
 class DraftConfig(StageConfig):
     source: Literal["train", "path", "hub", "ngram", "none"] = Field(
         default="train", description="train: EAGLE-3 training with ModelOpt against the target; path: a "
@@ -83,6 +122,21 @@ class DraftConfig(StageConfig):
             raise ValueError("source: hub needs `repo_id:` (an EAGLE-3 draft in the local HF cache)")
         if self.aux_layers is not None and not self.aux_layers:
             raise ValueError("aux_layers must name at least one target layer (or be left unset)")
+        return self
+
+    train: DraftTraining = Field(default_factory=DraftTraining, description="source: train: processes, "
+                                 "nodes, device and dtype of the training.")
+
+    @model_validator(mode="after")
+    def _train_split(self) -> DraftConfig:
+        world = self.train.world_size()
+        if self.batch_size % world:
+            raise ValueError(f"batch_size {self.batch_size} does not split over train.processes x train.nodes = "
+                             f"{world} (each process takes an equal shard of every global batch)")
+        micro = self.train.micro_batch_size
+        if micro is not None and (self.batch_size // world) % micro:
+            raise ValueError(f"train.micro_batch_size {micro} does not divide the per-process shard "
+                             f"{self.batch_size // world} (batch_size / processes / nodes)")
         return self
 
     def total_steps(self) -> int:

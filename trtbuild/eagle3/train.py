@@ -4,7 +4,12 @@ ModelOpt's `HFEagleModel.forward` computes the target's hidden states and logits
 draft `eagle_ttt_steps` times (training-time test; 4 fixed passes under ModelOpt 0.37) and returns
 the distillation loss and the per-step top-1 agreement with the target. A checkpoint (draft weights, optimizer, step, loss
 history) is written atomically to the resume dir every `checkpoint_every` steps, so a killed run
-continues where it stopped; the batch order is a pure function of the seed. The checkpoint is
+continues where it stopped; the batch order is a pure function of the seed.
+
+Under torch.distributed (the stage launches the ranks with torchrun, `trtbuild.eagle3.distributed`)
+the model is wrapped in DDP: each rank takes its contiguous shard of every global batch, DDP averages
+the gradients of the parameters that require them (the draft's; the target is frozen), so a step
+is the one-process step up to float32 summation order. Rank 0 alone writes checkpoints. The checkpoint is
 tensors in safetensors and the rest in JSON, never a pickle: the resume dir lies in the cache, and a
 file planted there must not run code on the next build.
 """
@@ -15,6 +20,7 @@ import json
 import math
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +48,9 @@ class TrainPlan:
     grad_clip: float = 1.0
     checkpoint_every: int = 50
     eval_draft_len: int = 3  # chain length for the running acceptance estimate
+    device: str = "cpu"  # "cuda:<local rank>" on a GPU host
+    autocast: str | None = None  # "bfloat16": the forward under torch.autocast (weights stay as they are)
+    micro_batch_size: int | None = None  # sequences per forward; None: the process's whole shard
 
 
 @dataclass
@@ -52,6 +61,8 @@ class TrainResult:
     final_loss: float
     step_accuracy: list[float] = field(default_factory=list)  # per TTT step, smoothed
     estimated_tau: float = 0.0
+    losses: list[float] = field(default_factory=list)  # per step, the global batch's mean loss
+    world_size: int = 1
 
 
 def batch_order(n_samples: int, steps: int, batch_size: int, seed: int) -> torch.Tensor:
@@ -83,7 +94,7 @@ def _lr_at(step: int, plan: TrainPlan) -> float:
 
 
 def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.optim.Optimizer,
-               accuracy: list[float], loss: float | None) -> None:
+               accuracy: list[float], loss: float | None, losses: list[float] | None = None) -> None:
     """Tensors first, then the JSON that names their hash: a kill between the two leaves a pair that
     `load_state` rejects (it then starts over) instead of a mixed checkpoint."""
     from safetensors.torch import save_file
@@ -102,7 +113,7 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
         save_file(tensors, str(tmp))
         os.replace(tmp, tensor_file)
         meta = {"step": step, "accuracy": accuracy, "loss": loss, "param_groups": optim["param_groups"],
-                "sha256": sha256_file(tensor_file)}
+                "losses": list(losses or []), "sha256": sha256_file(tensor_file)}
         meta_tmp.write_text(json.dumps(meta))
         os.replace(meta_tmp, meta_file)
     finally:  # a full disk leaves no partial file (the last complete checkpoint, if any, stays usable)
@@ -111,8 +122,8 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
 
 
 def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer
-               ) -> tuple[int, list[float], float | None] | None:
-    """(step, accuracy, loss) after restoring `draft` and `optimizer`, or None when there is no
+               ) -> tuple[int, list[float], float | None, list[float]] | None:
+    """(step, accuracy, loss, per-step losses) after restoring `draft` and `optimizer`, or None when there is no
     complete checkpoint. Only safetensors and JSON are read (anything else in the dir is ignored)."""
     from safetensors.torch import load_file
 
@@ -133,23 +144,65 @@ def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimi
             _, index, name = key.split(".", 2)
             slots.setdefault(int(index), {})[name] = value
     optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
-    return int(meta["step"]), [float(a) for a in meta["accuracy"]], meta["loss"]
+    losses = [float(x) for x in meta.get("losses", [])]
+    return int(meta["step"]), [float(a) for a in meta["accuracy"]], meta["loss"], losses
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _global_mean(values: list[float], world: int, device: torch.device) -> list[float]:
+    """The mean over ranks of this rank's figures (the loss and accuracies of its shard)."""
+    if world == 1:
+        return values
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return (tensor / world).tolist()
 
 
 def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Path,
           progress: Progress) -> TrainResult:
-    """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`."""
+    """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`.
+
+    Under an initialised process group every rank calls this with the same pool and plan."""
     torch.manual_seed(plan.seed)
+    rank, world = _rank_world()
+    device = torch.device(plan.device)
+    model.to(device)
     params = draft_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay, betas=(0.9, 0.95))
     order = batch_order(len(pool), plan.steps, plan.batch_size, plan.seed)
+    if plan.batch_size % world:
+        raise ValueError(f"batch_size {plan.batch_size} does not split over {world} processes")
+    shard = plan.batch_size // world
+    micro = plan.micro_batch_size or shard
+    if shard % micro:
+        raise ValueError(f"micro_batch_size {micro} does not divide the shard of {shard} sequences")
     resume_dir = Path(resume_dir)
-    start, smoothed, loss_ema = 0, [], None
+    start, smoothed, loss_ema, losses = 0, [], None, []
     restored = load_state(resume_dir, model.eagle_module, optimizer)
     if restored is not None:
-        start, smoothed, loss_ema = restored
+        start, smoothed, loss_ema, losses = restored
+        losses = losses[:start]
         progress.log(f"draft: resuming training at step {start}/{plan.steps} from {resume_dir}")
 
+    forward: nn.Module = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Only parameters that require grad are synchronised: the draft's. Construction broadcasts
+        # rank 0's weights (every rank loaded the same ones; this makes sure).
+        forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    autocast = (torch.autocast(device.type, dtype=getattr(torch, plan.autocast)) if plan.autocast
+                else nullcontext())
+    micro_batches = shard // micro
     model.train()
     began = time.perf_counter()
     with progress.task("draft: training EAGLE-3", plan.steps) as bar:
@@ -158,24 +211,37 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
         for step in range(start, plan.steps):
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, plan)
-            batch = pool[order[step]]
-            out = model(input_ids=batch)
-            out.loss.backward()
+            rows = order[step].view(world, shard)[rank]
+            loss_sum, accuracy = 0.0, None
+            for index, chunk in enumerate(rows.split(micro)):
+                # DDP all-reduces on the last micro-batch's backward only (the others accumulate locally)
+                sync = nullcontext() if world == 1 or index == micro_batches - 1 else forward.no_sync()  # type: ignore[operator]
+                with sync:
+                    with autocast:
+                        out = forward(input_ids=pool[chunk].to(device))
+                    (out.loss / micro_batches).backward()
+                loss_sum += out.loss.item()
+                acc = step_accuracy(out.train_acc)
+                accuracy = acc if accuracy is None else [a + b for a, b in zip(accuracy, acc, strict=True)]
             torch.nn.utils.clip_grad_norm_(params, plan.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            accuracy = step_accuracy(out.train_acc)
+            assert accuracy is not None
+            figures = _global_mean([loss_sum / micro_batches] + [a / micro_batches for a in accuracy],
+                                   world, device)
+            loss, accuracy = figures[0], figures[1:]
+            losses.append(loss)
             smoothed = accuracy if not smoothed else [0.9 * s + 0.1 * a for s, a in zip(smoothed, accuracy,
                                                                                          strict=True)]
-            loss = out.loss.item()
             loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
             bar.advance(1, loss=loss_ema, acc=smoothed[0],
                         tau=estimated_tau(smoothed, plan.eval_draft_len))
             done = step + 1
-            if done % plan.checkpoint_every == 0 and done < plan.steps:
-                save_state(resume_dir, done, model.eagle_module, optimizer, smoothed, loss_ema)
+            if rank == 0 and done % plan.checkpoint_every == 0 and done < plan.steps:
+                save_state(resume_dir, done, model.eagle_module, optimizer, smoothed, loss_ema, losses)
     model.eval()
     return TrainResult(steps=plan.steps, resumed_from=start, seconds=time.perf_counter() - began,
                        final_loss=float(loss_ema or 0.0), step_accuracy=smoothed,
-                       estimated_tau=estimated_tau(smoothed, plan.eval_draft_len))
+                       estimated_tau=estimated_tau(smoothed, plan.eval_draft_len), losses=losses,
+                       world_size=world)

@@ -46,9 +46,12 @@ def resume_dir(config: DraftConfig, target_key: str) -> Path:
     from trtbuild.cache import default_root
     from trtbuild.code_version import code_version
 
-    training = config.model_dump(mode="json", exclude={"eval", "gate", "compat_ignore", "export_dtype",
-                                                        "path", "repo_id", "revision"})
-    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("data", "model", "train")]  # and what they import
+    # How many processes train is left out: a checkpoint is the same training whatever the split of
+    # its global batches, so a killed run may resume with another process count.
+    training = config.model_dump(mode="json", exclude={
+        "eval": True, "gate": True, "compat_ignore": True, "export_dtype": True, "path": True, "repo_id": True,
+        "revision": True, "train": {"processes": True, "nodes": True, "backend": True, "slurm": True}})
+    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("data", "model", "train", "distributed")]  # and imports
     digest = hashlib.sha256(json.dumps([training, target_key, code], sort_keys=True).encode()).hexdigest()
     return default_root() / "resume" / f"draft-{digest[:16]}"
 

@@ -1,0 +1,154 @@
+"""Draft training in two processes, launched by the draft stage itself (torchrun, gloo, DDP).
+
+Two ranks each train on half of every global batch; DDP averages the draft's gradients, so the run
+is the one-process run up to float32 summation order. The tolerance is not typed in: it is measured
+in the same test as the gap between two ONE-process runs that differ only in summation order (the
+whole batch in one forward vs two half-batch forwards with gradient accumulation,
+`draft.train.micro_batch_size`), over two seeds. The two-process curve must stay within a small
+multiple of that gap, while a different batch order (another seed) moves the curve far more,
+so the check can fail. tau of the two-process draft must lie inside the one-process seed spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtbuild.progress import Progress
+from trtbuild.stages.base import Artifact, StageContext
+from trtbuild.stages.draft import DraftConfig, DraftStage, resume_dir
+
+# A briefly trained tiny target (predictable enough for a short draft training to reach tau > 1).
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 512, "seq_len": 64, "batch_size": 8, "steps": 40,
+        "warmup_steps": 4, "processes": 1}
+DRAFT = dict(samples=32, steps=16, batch_size=8, seq_len=32, prompt_len=8, max_draft_len=3, lr=3e-3,
+             checkpoint_every=4, eval={"prompts": 4, "prompt_len": 12, "new_tokens": 24})
+SEEDS = (0, 1, 2)
+NOISE_SEEDS = (0, 1)
+MARGIN = 4.0  # the two-process gap may be this many times the measured summation-order gap
+
+
+class _Recipe:
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+
+    def resolve_path(self, value: str) -> Path:
+        return (self.base_dir / value).resolve()
+
+    def stage_config(self, name: str) -> Any:
+        return None
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
+    from trtbuild.tiny import TinyModelConfig, build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(TinyModelConfig(**TINY), root / "hf", Progress())
+    return Artifact("model", "tiny-key", root)
+
+
+def run_stage(target: Artifact, out: Path, seed: int, **train: Any) -> tuple[list[float], float, dict[str, Any]]:
+    """(per-step losses, tau, metrics) of one draft stage run."""
+    out.mkdir(parents=True)
+    config = DraftConfig(**{**DRAFT, "seed": seed, "train": train})
+    ctx = StageContext(recipe=_Recipe(out.parent), inputs={"model": target}, out_dir=out, progress=Progress())
+    result = DraftStage().run(config, ctx)
+    losses = json.loads((out / "train_log.json").read_text())["losses"]
+    return losses, result.metrics["acceptance_length"], result.metrics
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tiny_target: Artifact, tmp_path: Path) -> None:
+    one = {s: run_stage(tiny_target, tmp_path / f"one{s}", s) for s in SEEDS}
+    noise = max(max_rel_diff(run_stage(tiny_target, tmp_path / f"acc{s}", s, micro_batch_size=2)[0], one[s][0])
+                for s in NOISE_SEEDS)
+    two = {s: run_stage(tiny_target, tmp_path / f"two{s}", s, processes=2) for s in NOISE_SEEDS}
+
+    assert all(m["train_processes"] == 2 for _, _, m in two.values())
+    gaps = [max_rel_diff(two[s][0], one[s][0]) for s in NOISE_SEEDS]
+    other_order = max_rel_diff(one[1][0], one[0][0])  # what a wrong sharding or batch would look like
+    print(f"\nsummation-order gap {noise:.2e}, two-process gaps {[f'{g:.2e}' for g in gaps]}, "
+          f"other seed {other_order:.2e}; tau one {[round(one[s][1], 3) for s in SEEDS]}, "
+          f"two {[round(two[s][1], 3) for s in NOISE_SEEDS]}")
+    assert noise > 0  # the reference really measured a different summation order
+    assert max(gaps) <= MARGIN * noise
+    assert other_order > 100 * MARGIN * noise  # a wrong batch would not pass
+    taus = [one[s][1] for s in SEEDS]
+    assert max(taus) > 1.0  # the draft learned something, so tau can tell runs apart
+    for s in NOISE_SEEDS:
+        assert min(taus) <= two[s][1] <= max(taus)
+
+
+def test_a_failing_rank_is_one_clear_line(tiny_target: Artifact, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A rank that dies (here: the job names a target that is not there) fails the stage with one line
+    naming the rank and the error, and leaves nothing in the artifact directory."""
+    from trtbuild.eagle3 import distributed
+    from trtbuild.errors import BuildError
+
+    real = distributed.write_job
+
+    def broken_job(job: Any, model: Any) -> Path:
+        job.target_dir = str(tmp_path / "gone")
+        return real(job, model)
+
+    monkeypatch.setattr(distributed, "write_job", broken_job)
+    out = tmp_path / "out"
+    with pytest.raises(BuildError) as failed:
+        run_stage(tiny_target, out, 0, processes=2)
+    line = failed.value.one_line()
+    assert "rank 0" in line or "rank 1" in line
+    assert "gone" in line and "\n" not in str(failed.value)
+    assert not (out / "eagle3").exists() and not (out / "train_log.json").exists()
+
+
+KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_draft_distributed import run_stage
+from trtbuild.stages.base import Artifact
+run_stage(Artifact("model", "tiny-key", Path({target!r})), Path({out!r}), 0, processes=2)
+"""
+
+
+@pytest.mark.slow
+def test_two_process_training_resumes_after_kill_9(tiny_target: Artifact, tmp_path: Path) -> None:
+    """kill -9 of the whole process group mid-training; the next run resumes from rank 0's checkpoint
+    and ends on the same loss curve as an uninterrupted two-process run."""
+    config = DraftConfig(**{**DRAFT, "seed": 0, "train": {"processes": 2}})
+    resume = resume_dir(config, tiny_target.key)
+    script = KILL_SCRIPT.format(tests=str(Path(__file__).parent), target=str(tiny_target.path),
+                                out=str(tmp_path / "killed"))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=os.environ.copy(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (resume / "state.json").is_file():  # the first checkpoint (step 4 of 16)
+        assert proc.poll() is None and time.monotonic() < deadline, "training ended before a checkpoint"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the stage and both ranks
+    proc.wait()
+    checkpointed = json.loads((resume / "state.json").read_text())["step"]
+    assert 0 < checkpointed < DRAFT["steps"]
+
+    losses, _, metrics = run_stage(tiny_target, tmp_path / "resumed", 0, processes=2)
+    log = json.loads((tmp_path / "resumed" / "train_log.json").read_text())
+    assert log["resumed_from_step"] >= checkpointed and metrics["train_steps"] == DRAFT["steps"]
+    fresh, _, _ = run_stage(tiny_target, tmp_path / "fresh", 0, processes=2)
+    assert len(losses) == len(fresh) == DRAFT["steps"]
+    # Resuming restores weights and optimizer bit for bit, so the curves agree like reruns do.
+    assert max_rel_diff(losses, fresh) < 1e-5
