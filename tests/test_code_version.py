@@ -43,7 +43,7 @@ def _edit(root: Path, module_path: str) -> None:
 EDITS = [
     ("trtbuild/eagle3/modelopt_compat.py", {"draft"}),  # shapes the exported draft
     ("trtbuild/runtime/target.py", {"quantize", "draft"}),  # checks the FP8 export; measures tau
-    ("trtbuild/shell.py", {"engine", "deploy"}),  # writes every launch script
+    ("trtbuild/shell.py", {"draft", "engine", "deploy"}),  # writes every launch script (draft: its sbatch)
     ("trtbuild/triton/local_model.py", {"deploy"}),  # copied into the local repository as model.py
     ("trtbuild/triton/front.py", set()),  # serving, not building: no artifact depends on it
     ("trtbuild/openai_api/app.py", set()),
@@ -80,7 +80,7 @@ def test_plan_keys_follow_the_code(tmp_path):
     assert keys() == first
     _edit(root, "trtbuild/shell.py")
     after = keys()
-    assert [s for s in STAGES if after[s] != first[s]] == ["engine", "deploy"]
+    assert [s for s in STAGES if after[s] != first[s]] == ["draft", "engine", "deploy"]  # the draft's sbatch
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

@@ -31,7 +31,7 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
         "intermediate_size": 128, "vocab_size": 512, "seq_len": 64, "batch_size": 8, "steps": 40,
         "warmup_steps": 4, "processes": 1}
 DRAFT = dict(samples=32, steps=16, batch_size=8, seq_len=32, prompt_len=8, max_draft_len=3, lr=3e-3,
-             checkpoint_every=4, eval={"prompts": 4, "prompt_len": 12, "new_tokens": 24})
+             checkpoint_every=4, eval={"prompts": 8, "prompt_len": 12, "new_tokens": 32})
 SEEDS = (0, 1, 2)
 NOISE_SEEDS = (0, 1)
 MARGIN = 4.0  # the two-process gap may be this many times the measured summation-order gap
@@ -152,3 +152,82 @@ def test_two_process_training_resumes_after_kill_9(tiny_target: Artifact, tmp_pa
     assert len(losses) == len(fresh) == DRAFT["steps"]
     # Resuming restores weights and optimizer bit for bit, so the curves agree like reruns do.
     assert max_rel_diff(losses, fresh) < 1e-5
+
+
+# Stand-ins for Slurm's srun and scontrol on one machine: srun starts its command once per node
+# (here all on localhost, so torchrun's c10d rendezvous meets on this host); scontrol names the
+# allocation's only host. Everything after srun's own options is the real torchrun command.
+FAKE_SRUN = """#!/bin/bash
+nodes=1
+while [[ "$1" == --* ]]; do case "$1" in --nodes=*) nodes="${1#--nodes=}";; esac; shift; done
+pids=()
+for i in $(seq 1 "$nodes"); do SLURM_NODEID=$((i - 1)) "$@" & pids+=($!); done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit "$rc"
+"""
+FAKE_SCONTROL = '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && echo localhost\n'
+
+
+def _slurm_standins(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_several_nodes_outside_slurm_write_an_sbatch_script_that_trains(tiny_target: Artifact, tmp_path: Path,
+                                                                        monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """nodes: 2 outside an allocation: the stage prepares the job, writes the sbatch script and stops
+    with one line naming it; the script (srun + torchrun, c10d rendezvous) trains; the same build then
+    exports the draft trained by the two 'nodes'."""
+    from trtbuild.errors import UserError
+
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    train = {"processes": 1, "nodes": 2, "slurm": {"rdzv_port": _free_port(), "partition": "gpu"}}
+    with pytest.raises(UserError) as stopped:
+        run_stage(tiny_target, tmp_path / "first", 0, **train)
+    line = stopped.value.one_line()
+    assert line.startswith("draft.train.nodes:") and "sbatch " in line
+    script = Path(line.split("sbatch ", 1)[1].split(",", 1)[0])
+    text = script.read_text()
+    assert "#SBATCH -N 2" in text and "#SBATCH -p gpu" in text and "srun --nodes=2" in text
+    assert "--rdzv-backend=c10d" in text and "--nnodes=2" in text and "--nproc-per-node=1" in text
+    assert not (tmp_path / "first" / "eagle3").exists()
+
+    bin_dir = _slurm_standins(tmp_path)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "localhost"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    losses, tau, metrics = run_stage(tiny_target, tmp_path / "second", 0, **train)
+    assert metrics["train_processes"] == 2 and len(losses) == DRAFT["steps"]
+    assert 1.0 <= tau <= 1 + DRAFT["max_draft_len"]
+
+
+@pytest.mark.slow
+def test_several_nodes_inside_an_allocation_run_srun_themselves(tiny_target: Artifact, tmp_path: Path,
+                                                                 monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Inside a 2-node allocation the stage itself runs srun + torchrun (2 nodes x 1 process): the
+    loss curve is the one-process curve up to the float32 summation order (same margin as above,
+    against a two-process single-node run of this seed)."""
+    bin_dir = _slurm_standins(tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    losses, _, metrics = run_stage(tiny_target, tmp_path / "nodes", 0, processes=1, nodes=2,
+                                   slurm={"rdzv_port": _free_port()})
+    assert metrics["train_processes"] == 2
+    single_node, _, _ = run_stage(tiny_target, tmp_path / "procs", 0, processes=2)
+    assert losses == single_node  # the same ranks and shards: only the launcher differs

@@ -125,14 +125,22 @@ def test_standin_experts_reach_the_engine_preflight(capsys: pytest.CaptureFixtur
     assert f"engine.expert_parallel: {bad} does not divide the target's {experts} experts" in err
 
 
-def test_plan_points_oversized_calibration_at_distributed_modelopt(capsys: pytest.CaptureFixture[str]):
-    # Maverick with an in-build quantize section: ~800 GB of BF16 weights cannot calibrate on one GPU.
+def test_plan_says_calibration_memory_and_gpus(capsys: pytest.CaptureFixture[str]):
+    # Maverick with an in-build quantize section: ~800 GB of BF16 weights exceed one node of GPUs.
+    import math
+
+    from trtbuild.gpu_plan import CALIBRATION_GPU_SHARE, ONE_GPU_GB, calibration_gpus
+
     recipe = RECIPES_DIR / "llama-4-maverick-fp8-eagle3-tp8.yaml"
     notes = _plan(recipe, capsys, "--set", "quantize.format=fp8")["notes"]
-    warning = next(n for n in notes if "exceed one" in n)
-    assert "hf_ptq.py" in warning and "accelerate" in warning
+    warning = next(n for n in notes if "exceed one node" in n)
+    assert "multinode_ptq.py" in warning and "accelerate" in warning
     small = _plan(RECIPES_DIR / "llama-3.1-8b-instruct-fp8-eagle3.yaml", capsys)["notes"]
     assert not any("exceed one" in n for n in small)
+    memory = next(n for n in small if "quantize memory:" in n)
+    assert "-> 1 x 80 GB GPU(s)" in memory and "on cuda:0" in next(n for n in small if "quantize: ModelOpt" in n)
+    # 70 B parameters: 140 GB of BF16 over GPUs holding 80% of 80 GB each
+    assert calibration_gpus(70 * 10**9) == math.ceil(140e9 / (CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9)) == 3
 
 
 def test_tiny_recipe_plan_notes_only_the_gemm_plugin(capsys: pytest.CaptureFixture[str]):

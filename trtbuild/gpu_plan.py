@@ -9,11 +9,16 @@ Plain reads of the recipe and the config; nothing heavy is imported.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 # One H100's memory: the reference for "fits on one GPU" (the recipe does not name the card).
 ONE_GPU_GB = 80.0
+GPUS_PER_NODE = 8
+# ModelOpt's hf_ptq.py caps each GPU at 80% for the weights when a model spills over one GPU
+# (examples/llm_ptq/example_utils.py get_model, gpu_mem_percentage=0.8, at 0.37.0 = df0882a6).
+CALIBRATION_GPU_SHARE = 0.8
 
 
 def estimate_parameters(hf_config: dict[str, Any]) -> int:
@@ -87,17 +92,29 @@ def _quantize_step(recipe: Any, params: int) -> list[str]:
         return [f"     quantize: not in the recipe ({have})"]
     cal, gate = quantize.calibration, quantize.gate
     kv = ", FP8 KV cache" if quantize.kv_cache == "fp8" else ""
-    lines = [f"     quantize: ModelOpt FP8 PTQ (FP8_DEFAULT_CFG{kv}) in one process on cuda:0: "
+    gpus = calibration_gpus(params)
+    where = ("in one process on cuda:0" if gpus == 1 else
+             f"in one process, the model spread over {gpus} GPUs (device_map=\"auto\", as ModelOpt's hf_ptq.py)")
+    lines = [f"     quantize: ModelOpt FP8 PTQ (FP8_DEFAULT_CFG{kv}) {where}: "
              f"{cal.num_samples} windows x {cal.seq_len} tokens of {cal.dataset.describe()}; "
              f"gate: perplexity ratio <= {gate.max_perplexity_ratio} on {gate.eval_dataset.describe()}; "
-             f"export: {quantize.export} ({_gb(bf16)} BF16 -> ~{_gb(params)} FP8)"]
-    if bf16 > ONE_GPU_GB * 1e9:
-        lines.append(f"     !! {_gb(bf16)} of BF16 weights exceed one {ONE_GPU_GB:.0f} GB GPU: calibrate "
-                     "with ModelOpt's examples/llm_ptq/hf_ptq.py over all GPUs (device_map through "
-                     "accelerate, --low_memory_mode) or multinode_ptq.py under `accelerate launch` "
-                     "(FSDP2), then point model.path at the export and drop the quantize section "
-                     "(docs/gpu-path.md)")
+             f"export: {quantize.export} ({_gb(bf16)} BF16 -> ~{_gb(params)} FP8)",
+             f"     quantize memory: {_gb(bf16)} of BF16 weights -> {gpus} x {ONE_GPU_GB:.0f} GB GPU(s) at "
+             f"{CALIBRATION_GPU_SHARE:.0%} of each for weights (the rest: calibration activations)"]
+    if getattr(quantize, "check_export", False) and params > ONE_GPU_GB * 1e9:
+        lines.append(f"     !! the export check loads the ~{_gb(params)} FP8 export with trtbuild's runtime on one "
+                     "GPU: set quantize.check_export: false for this model")
+    if gpus > GPUS_PER_NODE:
+        lines.append(f"     !! {_gb(bf16)} of BF16 weights exceed one node of {GPUS_PER_NODE} x {ONE_GPU_GB:.0f} GB "
+                     "GPUs: calibrate with ModelOpt's multinode_ptq.py under `accelerate launch` (FSDP2; "
+                     "hf_ptq.py's device_map, like this stage, spans one node's GPUs), then point model.path at "
+                     "the export and drop the quantize section (docs/gpu-path.md)")
     return lines
+
+
+def calibration_gpus(params: int) -> int:
+    """GPUs the quantize stage's BF16 model spreads over (weights within CALIBRATION_GPU_SHARE of each)."""
+    return max(1, math.ceil(2.0 * params / (CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9)))
 
 
 def _checkpoint_quant(recipe: Any) -> str | None:
@@ -124,7 +141,12 @@ def _draft_step(recipe: Any, params: int) -> list[str]:
         return [f"     draft: none to build: n-gram prompt lookup (TRT-LLM NGram, max_draft_len "
                 f"{draft.max_draft_len}, max_matching_ngram_size {draft.max_matching_ngram_size}); {evaluation}"]
     if draft.source == "train":
-        line = (f"     draft: EAGLE-3 training with ModelOpt (modelopt.torch.speculative) in one process, "
+        settings = getattr(draft, "train", None)
+        world = settings.world_size() if settings is not None else 1
+        where = ("in one process" if world == 1 else
+                 f"in {settings.nodes} node(s) x {settings.processes} processes (torchrun, DDP"
+                 + (", srun under Slurm)" if settings.nodes > 1 else ")"))
+        line = (f"     draft: EAGLE-3 training with ModelOpt (modelopt.torch.speculative) {where}, "
                 f"{draft.total_steps()} steps of {draft.batch_size} x {draft.seq_len} tokens; {evaluation}")
         lines = [line]
         if 2.0 * params > ONE_GPU_GB * 1e9:

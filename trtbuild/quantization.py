@@ -99,11 +99,31 @@ class QuantizeConfig(StageConfig):
         return patterns
 
 
+def load_for_calibration(model_dir: Path, dtype: Any, device: str) -> Any:
+    """The model to calibrate. On CUDA it is loaded with `device_map="auto"`: accelerate places it on
+    cuda:0 when it fits and spreads a larger one over every visible GPU, layer by layer, as ModelOpt's
+    own PTQ example does (examples/llm_ptq/example_utils.py `get_model`, called by hf_ptq.py, at
+    NVIDIA/Model-Optimizer 0.37.0 = df0882a63c39a001a1be384b680166a41259045c). Inputs go to the
+    first parameter's device (the embeddings); accelerate's hooks move activations between GPUs."""
+    from transformers import AutoModelForCausalLM
+
+    if device == "cpu":
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, use_safetensors=True).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, use_safetensors=True,
+                                                device_map="auto").eval()
+
+
+def calibration_gpus(model: Any) -> int:
+    """How many GPUs hold the model's weights (1 without a device map)."""
+    placed = getattr(model, "hf_device_map", None) or {}
+    return max(1, len({d for d in placed.values() if d not in ("cpu", "disk")}))
+
+
 def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
                  base_dir: Path | None = None) -> StageResult:
     """The whole stage on an HF model dir; writes `out_dir/hf`. Raises on the gate."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from trtbuild import evaluation, modelopt_fp8
@@ -119,7 +139,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
 
     saved_dtype = checkpoint_dtype(model_dir) if device == "cpu" else None
     load_dtype = torch.float32 if saved_dtype is not None else "auto"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype, use_safetensors=True).to(device).eval()
+    model = load_for_calibration(model_dir, load_dtype, device)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
                            ("quantize.gate.seq_len", config.gate.seq_len)):
@@ -128,6 +148,9 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
                             field=field, fix=f"use seq_len <= {max_positions}")
     excluded = modelopt_fp8.resolve_excludes(model, config.exclude)
 
+    gpus = calibration_gpus(model) if device == "cuda" else 0
+    if gpus > 1:
+        progress.log(f"quantize: the model is spread over {gpus} GPUs (device_map=\"auto\")")
     cal_windows, eval_windows = token_data(config, tokenizer, base_dir)
     cal, gate = config.calibration, config.gate
 
@@ -191,6 +214,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         "unquantized_linears": len(summary["unquantized"]),
         "export_format": config.export,
         "device": device,
+        "calibration_gpus": gpus,
     })
     metrics["weight_bytes_ratio"] = metrics["weight_bytes_quantized"] / metrics["weight_bytes_base"]
     if config.check_export:

@@ -133,7 +133,7 @@ def slurm_head_node() -> str:
 
 def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "") -> str:
     """sbatch script: one torchrun per node (srun), c10d rendezvous on the first node of the allocation."""
-    from trtbuild.shell import comment_safe, quote
+    from trtbuild.shell import comment_safe, default_assignment, quote
 
     directives = [f"#SBATCH -J {slurm.job_name}", f"#SBATCH -N {nodes}", "#SBATCH --ntasks-per-node=1",
                   f"#SBATCH --gpus-per-node={processes}", f"#SBATCH -t {slurm.time_limit}",
@@ -143,15 +143,19 @@ def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_
     if slurm.account:
         directives.append(f"#SBATCH -A {slurm.account}")
     recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
-    argv = torchrun_argv(job_file, processes, nodes, "${HEAD}:" + str(slurm.rdzv_port))
-    argv[0] = "python3"  # the nodes' interpreter (the same environment as the build's, on PATH)
-    words = [quote(a) if "${HEAD}" not in a else f'"{a}"' for a in argv]
+    endpoint = f'--rdzv-endpoint="${{HEAD}}:{slurm.rdzv_port}"'  # HEAD: set by the script itself
+    words = ['"${TRTBUILD_PYTHON}"'] + [endpoint if a.startswith("--rdzv-endpoint=") else quote(a)
+                                        for a in torchrun_argv(job_file, processes, nodes, "HEAD")[1:]]
     return ("#!/bin/bash\n" + "\n".join(comment_safe(d) for d in directives) + "\n"
             + f"# Written by trtbuild{recipe}: the draft stage's EAGLE-3 training on {nodes} nodes x "
             f"{processes} GPUs.\n"
-            + "# The resume dir below must be on a filesystem every node sees. After the job ends, run the\n"
-            + "# same `trtbuild build` again: the draft stage finds the trained weights and exports them.\n"
+            + "# The resume dir below, the interpreter and trtbuild's source must be at the same paths on\n"
+            + "# every node (a shared filesystem; TRTBUILD_PYTHON / TRTBUILD_SRC override). After the job, run the same\n"
+            + "# `trtbuild build` again: the draft stage finds the trained weights and exports them.\n"
             + "set -euo pipefail\n"
+            + default_assignment("TRTBUILD_PYTHON", sys.executable)
+            + default_assignment("TRTBUILD_SRC", str(Path(__file__).resolve().parents[2]))
+            + 'export PYTHONPATH="${TRTBUILD_SRC}${PYTHONPATH:+:$PYTHONPATH}"\n'
             + 'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
             + f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n  "
             + " ".join(words) + "\n")
