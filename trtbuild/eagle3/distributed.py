@@ -171,7 +171,8 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     log_path = resume / LAUNCH_LOG
     with open(log_path, "wb") as log, progress.task(description, steps) as bar:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(resume))
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(resume),
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         assert proc.stdout is not None
         done = None
         for raw in proc.stdout:
@@ -193,9 +194,24 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
                          fix=f"full log: {log_path}")
 
 
+def _die_with_parent() -> None:
+    """torchrun gets SIGTERM when the build process dies (kill -9 too) and stops its ranks, so no
+    orphaned run keeps writing checkpoints beside the next build's (prctl PR_SET_PDEATHSIG = 1)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+_TELLING = ("Signal ", "exitcode", "Error:", "Error(", "Exception:", "error:")
+
+
 def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no output"
+    """The log's last line that says what failed (torchrun's exit summary, an exception), else its last line."""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    telling = [line for line in lines if any(word in line for word in _TELLING)]
+    return (telling or lines or ["no output"])[-1]
 
 
 # ---------------------------------------------------------------- a rank's side
