@@ -1,6 +1,6 @@
 """Draft training in one vs two processes (the stage's own torchrun + gloo DDP launch), side by side.
 
-    python bench/draft_distributed.py [--seeds 0,1,2] [--steps 16] [--processes 2]
+    python bench/draft_distributed.py [--seeds 0,1,2] [--steps 16] [--processes 2] [--threads N]
 
 On a briefly trained tiny target (the settings of tests/test_draft_distributed.py) the draft stage
 runs for each seed: one process; one process with two half-batch forwards (gradient accumulation,
@@ -65,7 +65,13 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the one-process runs "
+                        "(default: torch's; each rank of torchrun gets OMP_NUM_THREADS=1)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
 
     from trtbuild.progress import Progress
