@@ -8,7 +8,7 @@
 # Needs torch (CUDA), triton, safetensors, numpy (section 3: transformers and nvidia-modelopt, else its
 # row says skipped); no TensorRT-LLM or network. PYTHON picks the interpreter (default python3). Exits 3
 # with one line when there is no CUDA device. Each section runs under its own timeout
-# (210 s + 200 s + 60 s) and keeps the rows it finished.
+# (195 s + 200 s + 55 s) and keeps the rows it finished.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python3}"
@@ -25,7 +25,7 @@ echo "# GPU check $(date -u +%FT%TZ)" > "$OUT"
 print(f"- {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}; torch {torch.__version__} "
       f"(CUDA {torch.version.cuda}), triton {triton.__version__}, Python {platform.python_version()}")' >> "$OUT" 2>&1
 echo "## 1. kernels" >> "$OUT"
-timeout -k 10 210 "$PY" scripts/gpu_bench.py --budget-s 165 \
+timeout -k 10 195 "$PY" scripts/gpu_bench.py --budget-s 150 \
   --shapes 6144x4096,4096x4096,28672x4096,4096x14336,896x5120,5120x640,4096x5120,5120x2048,2048x5120,5120x1024 \
   --ms 1,2,4,8,16 --out "$OUT.kernels" || echo "- section 1 exited with $?" >> "$OUT"
 [ -f "$OUT.kernels" ] && cat "$OUT.kernels" >> "$OUT" && rm -f "$OUT.kernels"
@@ -34,7 +34,7 @@ timeout -k 10 200 "$PY" scripts/gpu_runtime_check.py >> "$OUT" 2>"$OUT.err" || \
   { echo "- section 2 exited with $?: $(tail -n 3 "$OUT.err" | tr '\n' ' ')" >> "$OUT"; }
 rm -f "$OUT.err"
 echo "## 3. draft training step (random ~1B Llama target, the draft stage's loop)" >> "$OUT"
-timeout -k 10 60 "$PY" scripts/gpu_draft_train_check.py >> "$OUT" 2>"$OUT.err" || \
+timeout -k 10 55 "$PY" scripts/gpu_draft_train_check.py >> "$OUT" 2>"$OUT.err" || \
   { echo "- section 3 exited with $?: $(tail -n 3 "$OUT.err" | tr '\n' ' ')" >> "$OUT"; }
 rm -f "$OUT.err"
 echo "wrote $OUT"

@@ -5,8 +5,8 @@ A random-weight Llama of about 1B parameters (16 layers, hidden 2048, Llama-3 vo
 ModelOpt into its EAGLE-3 model exactly as the draft stage does (`convert_to_eagle3`), then trained
 by the stage's own loop (`train.train`) on random tokens: frozen target in bfloat16, draft in
 float32 under bfloat16 autocast (what `draft.train.device: auto` picks on a GPU host). The step time
-is the difference of two runs (warm-up steps, then more steps) divided by the extra steps, so loading
-and the first steps' allocations are left out. Prints markdown lines.
+is the median of the steps after the warm-up ones, timed through the loop's progress callback.
+Prints markdown lines.
 
     python scripts/gpu_draft_train_check.py            # CUDA, what gpu_check.sh runs
     python scripts/gpu_draft_train_check.py --dry-run  # CPU, tiny shapes, float32 (checks the script)
@@ -33,22 +33,27 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def timed_run(model, pool, steps: int, args, device: str, autocast: str | None) -> float:  # type: ignore[no-untyped-def]
-    import torch
-
+def step_times(model, pool, args, device: str, autocast: str | None) -> list[float]:  # type: ignore[no-untyped-def]
+    """Seconds of every step of one run of the stage's loop, read off its progress callback (called
+    after each optimizer step, once the loss is on the host: on CUDA that is a synchronisation)."""
     from trtbuild.eagle3.train import TrainPlan, train
     from trtbuild.progress import Progress
 
-    plan = TrainPlan(steps=steps, batch_size=args.batch_size, lr=1e-4, seed=0, warmup_steps=1,
-                     checkpoint_every=10**8, device=device, autocast=autocast)
+    class Clock(Progress):
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks = [time.perf_counter()]
+
+        def _advance(self, task_id, n, fields):  # type: ignore[no-untyped-def]
+            if n:
+                self.marks.append(time.perf_counter())
+
+    plan = TrainPlan(steps=args.warm_steps + args.steps, batch_size=args.batch_size, lr=1e-4, seed=0,
+                     warmup_steps=1, checkpoint_every=10**8, device=device, autocast=autocast)
+    clock = Clock()
     with tempfile.TemporaryDirectory() as resume:
-        if device == "cuda":
-            torch.cuda.synchronize()
-        began = time.perf_counter()
-        train(model, pool, plan, Path(resume), Progress())
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - began
+        train(model, pool, plan, Path(resume), clock)
+    return [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
 
 
 def main() -> int:
@@ -82,18 +87,16 @@ def main() -> int:
 
     torch.manual_seed(0)
     config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    target = LlamaForCausalLM(config)
+    with torch.device(device):  # random init on the GPU itself: seconds, not the CPU's minute for 1B
+        target = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     params = sum(p.numel() for p in target.parameters())
-    if device == "cuda":
-        target.to(device="cuda", dtype=torch.bfloat16)
     arch = DraftArch(aux_layers=default_aux_layers(shape["num_hidden_layers"]),
                      draft_vocab_size=shape["vocab_size"])
     model = convert_to_eagle3(target, arch, None)
     model.eagle_module.float()
     pool = torch.randint(3, shape["vocab_size"], (args.batch_size * (args.warm_steps + args.steps), args.seq_len))
-    warm = timed_run(model, pool, args.warm_steps, args, device, autocast)
-    full = timed_run(model, pool, args.warm_steps + args.steps, args, device, autocast)
-    per_step = (full - warm) / args.steps
+    measured = sorted(step_times(model, pool, args, device, autocast)[args.warm_steps:])
+    per_step = measured[len(measured) // 2]  # the median step after the warm-up steps
     tokens = args.batch_size * args.seq_len
     where = "CUDA, bf16 target, float32 draft under bf16 autocast" if device == "cuda" else "CPU dry run, float32"
     say(f"- target: random Llama, {params / 1e9:.2f} B parameters ({shape['num_hidden_layers']} layers, hidden "

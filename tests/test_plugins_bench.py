@@ -67,3 +67,16 @@ def test_runtime_check_dry_run_measures_plain_and_speculative_per_gemm() -> None
     for mode, _, wall, per_user, tau, forwards, on_op in table:
         assert float(wall) > 0 and float(per_user) > 0 and float(tau) >= 1.0 and int(forwards) >= 1
         assert int(on_op) == (4 if mode == "reference" else 0)  # o_proj + down_proj of 2 layers
+
+
+def test_draft_train_check_dry_run_times_the_stage_loop() -> None:
+    """Section 3's script on CPU (tiny shapes, float32): the draft stage's own training loop, timed per
+    step through its progress callback; on CUDA the same row is a ~1B target in bf16."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_draft_train_check.py"), "--dry-run",
+                           "--warm-steps", "1", "--steps", "2", "--batch-size", "2", "--seq-len", "32"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = rows(proc.stdout)
+    assert row[0] == "one process, cpu" and row[3] == "n/a"
+    ms, tokens = float(row[1]), float(row[2].replace(",", ""))
+    assert ms > 0 and abs(tokens - 2 * 32 / (ms / 1e3)) <= 0.01 * tokens + 1
