@@ -1,5 +1,9 @@
 """source: train, end to end: data -> vocab calibration -> ModelOpt conversion -> training -> export.
 
+Training runs in this process (`draft.train` at one process: CPU float32, or CUDA with a bf16 target)
+or in torchrun ranks (eagle3/distributed.py) that start from this process's converted draft and hand
+the trained weights back; either way this process exports.
+
 The training pool and the training state live in the resume dir, so a killed build restarts from
 its last checkpoint; the resume dir is removed once the export is complete.
 """
@@ -214,7 +218,6 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
         raise BuildError(f"draft: the training processes exited without a result in {resume}",
                          fix=f"see {resume / dist_train.LAUNCH_LOG}")
     return result
-
 
 
 def chat_requests(config: DraftConfig, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
