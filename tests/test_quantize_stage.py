@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trtbuild.errors import BuildError, UserError
+from trtbuild.export_check import CHECK_MAX_LAYER_ERROR
 from trtbuild.stages.base import Artifact, StageContext, StageResult
 from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage, check_export
 
@@ -153,6 +154,9 @@ def test_gate_too_tight_fails_and_exports_nothing(model_root: Path, default_run:
     assert f"{measured['perplexity_quantized']:.4f}" in line
     assert f"{measured['perplexity_base']:.4f}" in line
     assert str(threshold) in line and "max_perplexity_ratio" in line
+    # The fix names the field and a limit the measured ratio passes.
+    suggested = float(line.split("quantize.gate.max_perplexity_ratio: ")[-1].split(";")[0])
+    assert measured["perplexity_ratio"] <= suggested < measured["perplexity_ratio"] + 1e-3
     assert list(out.iterdir()) == []
 
 
@@ -280,3 +284,41 @@ def test_perplexity_independent_of_batch_size(model_root: Path) -> None:
     assert (same.max_abs_diff, same.argmax_agreement, same.positions) == (0.0, 1.0, 80)
     shifted = compare_logits(logits, logits.roll(1, dims=-1))
     assert shifted.argmax_agreement < 0.5 and shifted.min_cosine < 0.99
+
+
+def test_export_check_of_a_bf16_reference(model_root: Path, tmp_path: Path) -> None:
+    """A GPU quantizes a bf16 checkpoint in bf16: the reference then carries bf16 rounding (1e-2 of a
+    layer's contribution), which the check measures on the runtime and allows for; a scale off
+    by 2x still fails."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtbuild import export_check, modelopt_fp8
+    from trtbuild.data.sources import TextSource, load_texts, sequential_windows, token_windows
+    from trtbuild.progress import Progress
+
+    tokenizer = AutoTokenizer.from_pretrained(model_root / "hf")
+    ids = sequential_windows(tokenizer, load_texts(TextSource(kind="pydoc"), "eval"), 64, 4, bos=True,
+                             separator="\n\n")
+    cal = token_windows(tokenizer, load_texts(TextSource(kind="pydoc"), "train"), 16, 64, 0, bos=True,
+                        separator="\n\n")
+    model = AutoModelForCausalLM.from_pretrained(model_root / "hf", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        base = model(input_ids=ids).logits.float()
+    modelopt_fp8.calibrate(model, modelopt_fp8.quant_config(kv_cache=True, excluded=["lm_head"]), cal,
+                           batch_size=8, progress=Progress())
+    with torch.no_grad(), modelopt_fp8.export_rounded_weights(model):
+        reference = export_check.hf_trace(model, ids)
+    out = tmp_path / "hf"
+    out.mkdir()
+    modelopt_fp8.export_hf(model, out)
+    metrics = check_export(out, reference, base, dtype=torch.bfloat16)
+    assert metrics["export_layer_error_median"] > CHECK_MAX_LAYER_ERROR  # bf16 noise is above the float32 limit
+    assert metrics["export_layer_error_median"] < metrics["export_layer_error_limit"]
+    with pytest.raises(BuildError, match="does not reproduce"):  # judged as float32, it would fail
+        check_export(out, reference, base, dtype=torch.float32)
+
+    state = load_file(out / "model.safetensors")
+    state["model.layers.1.mlp.down_proj.weight_scale"] *= 2.0
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BuildError, match="decoder layer 1 "):
+        check_export(out, reference, base, dtype=torch.bfloat16)

@@ -11,6 +11,7 @@ fake-quant model layer by layer (trtbuild/export_check.py).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -67,8 +68,8 @@ class QuantizeConfig(StageConfig):
         "backend loads (the legacy trtllm_checkpoint export fed only the removed TensorRT-engine backend).")
     gate: GateConfig = Field(default_factory=GateConfig, description="The accuracy gate.")
     check_export: bool = Field(default=True,
-                               description="Load the export with trtbuild.runtime and compare its logits "
-                               "with ModelOpt's fake-quantized model.")
+                               description="Load the export with trtbuild.runtime and compare it with "
+                               "ModelOpt's fake-quantized model, layer by layer.")
 
     @field_validator("export", mode="before")
     @classmethod
@@ -150,7 +151,9 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
             f"FP8 accuracy gate failed: perplexity {quantized.value:.4f} quantized vs {base.value:.4f} base "
             f"on {gate.eval_dataset.describe()} (ratio {ratio:.6f} > max_perplexity_ratio "
             f"{gate.max_perplexity_ratio})", field="quantize.gate.max_perplexity_ratio",
-            fix="exclude sensitive layers (quantize.exclude), calibrate on closer data, or relax the gate")
+            fix=f"to accept this loss set quantize.gate.max_perplexity_ratio: {accepting_limit(ratio)}; or score text "
+            "like the model's use (quantize.gate.eval_dataset: a chat .jsonl for a chat model), calibrate on closer "
+            "data (quantize.calibration.dataset), or keep sensitive layers unquantized (quantize.exclude)")
         error.metrics = metrics  # type: ignore[attr-defined]  # reported by `build --json`
         raise error
 
@@ -187,6 +190,11 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
             "tokenizer_files": tokenizer_files, "calibration_dataset": cal.dataset.describe(),
             "eval_dataset": gate.eval_dataset.describe(), "export_dir": export_dir.name}
     return StageResult(metrics=metrics, info=info)
+
+
+def accepting_limit(ratio: float) -> str:
+    """The smallest 3-decimal max_perplexity_ratio the measured ratio passes (rounded up, not to nearest)."""
+    return f"{math.ceil(ratio * 1000) / 1000:.3f}"
 
 
 def token_data(config: QuantizeConfig, tokenizer: Any, base_dir: Path | None) -> tuple[Any, Any]:
