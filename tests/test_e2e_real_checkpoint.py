@@ -48,6 +48,8 @@ def test_every_stage_builds(built):
     assert all(s["status"] in ("ran", "cached") for s in stages.values())
     quantize = stages["quantize"]["metrics"]
     assert quantize["perplexity_ratio"] <= 1.1
+    # The export check ran (the recipe keeps the default check_export: true) and judged every layer.
+    assert quantize["export_check"] == "passed" and quantize["export_layer_error_median"] < 1e-3
     draft = stages["draft"]["metrics"]
     assert draft["eval_prompts"] == 4 and len(draft["acceptance_rates"]) == 3
     config = json.loads((out / "quantize" / "hf" / "config.json").read_text())
@@ -84,10 +86,3 @@ def test_bench_on_chat_prompts_is_lossless(built):
     assert bench["prompts"] == 4
     assert bench["speculative"]["steps"] > 0 and bench["ngram"]["steps"] > 0
 
-
-@pytest.mark.xfail(strict=True, reason="open defect: the runtime's logits on the FP8 export of SmolLM2 differ "
-                   "from ModelOpt's fake-quant model by ~0.55x the quantization effect (bench/RESULTS.md)")
-def test_export_check_passes_on_the_real_checkpoint(built):
-    _, env, out, sets = built
-    proc = _trtbuild("quantize", str(RECIPE), *sets, "--set", "quantize.check_export=true", "--json", env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -153,17 +153,42 @@ class TargetModel:
         mask = prepare_mask(mask, self.spec.num_heads, self.spec.num_kv_heads, self.dtype)
         x = F.embedding(ids, self.embed)
         aux: list[torch.Tensor] = []
-        eps = self.spec.rms_norm_eps
-        for i, layer in enumerate(self.layers):
-            x = x + attention_block(layer, rms_norm(x, layer.input_norm, eps), self.spec, cache, i,
-                                    start, rot, mask)
-            x = x + mlp_block(layer, rms_norm(x, layer.post_norm, eps))
+        for i in range(len(self.layers)):
+            x = self.layer_step(i, x, cache, start, rot, mask)
             if i in aux_layers:
                 aux.append(x)
         if logits_rows is not None:
             x = x[:, logits_rows]
-        logits = self.lm_head(rms_norm(x, self.norm, eps))
-        return logits, (torch.cat(aux, -1) if aux else None)
+        return self.head(x), (torch.cat(aux, -1) if aux else None)
+
+    def layer_step(self, index: int, x: torch.Tensor, cache: KVCache, start: int, rot: torch.Tensor,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+        """Decoder layer `index` on residual stream x [B, T, H]; mask as `prepare_mask` returns it."""
+        layer, eps = self.layers[index], self.spec.rms_norm_eps
+        x = x + attention_block(layer, rms_norm(x, layer.input_norm, eps), self.spec, cache, index, start, rot, mask)
+        return x + mlp_block(layer, rms_norm(x, layer.post_norm, eps))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the last decoder layer's output x [..., H] (final norm, LM head)."""
+        return self.lm_head(rms_norm(x, self.norm, self.spec.rms_norm_eps))
+
+    @torch.inference_mode()
+    def teacher_forced(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each decoder layer run on another model's input to it, and the head on its last output.
+
+        states [L+1, B, T, H]: the embeddings, then every decoder layer's output, of a full causal
+        forward of B sequences. Returns (outputs [L, B, T, H]: layer i on states[i], float32;
+        logits [B, T, V] of the head on states[L]). Errors of one layer cannot feed the next, so
+        a comparison sees each layer's own arithmetic (see trtbuild/export_check.py).
+        """
+        b, t = states.shape[1:3]
+        cache = self.new_cache(b, t)
+        mask = prepare_mask(causal_mask(t, 0, self.device), self.spec.num_heads, self.spec.num_kv_heads, self.dtype)
+        rot = self.rot[:t]
+        outputs = [self.layer_step(i, states[i].to(self.device, self.dtype), cache, 0, rot, mask).float().cpu()
+                   for i in range(len(self.layers))]
+        logits = self.head(states[-1].to(self.device, self.dtype)).float().cpu()
+        return torch.stack(outputs), logits
 
     # -- public API ----------------------------------------------------------------------
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtbuild.export_check import check_export
 from trtbuild.layout import MODEL_HF
-from trtbuild.quantization import CalibrationConfig, GateConfig, QuantizeConfig, check_export, run_quantize
+from trtbuild.quantization import CalibrationConfig, GateConfig, QuantizeConfig, run_quantize
 from trtbuild.stages.base import Stage, StageConfig, StageContext, StageResult
 
 __all__ = ["CalibrationConfig", "GateConfig", "QuantizeConfig", "QuantizeStage", "check_export", "run_quantize"]

@@ -1,0 +1,79 @@
+"""A draft trained by the draft stage's own code on a chat target, measured on held-out chat prompts.
+
+    python bench/draft_chat.py TARGET_HF_DIR OUT_DIR [field=value ...]
+
+TARGET_HF_DIR: the unquantized target (e.g. the SmolLM2-135M-Instruct fixture of
+tests/real_checkpoint.py). Fields are DraftConfig's (`steps=150 lr=3e-3 samples=40`), on top of the
+draft section of tests/data/smollm2-chat.yaml (the CI recipe; its data paths resolve there).
+The held-out prompts are the section's `eval` (tests/data/chat_eval.jsonl; override e.g.
+`eval={dataset: chat_eval.jsonl, prompts: 8, new_tokens: 64}`), rendered with the target's chat
+template as the served endpoint renders them. Prints one JSON line: data / training / evaluation seconds, training's
+per-step accuracy, and tau at chain 3 for the draft (with acceptance per position) and for n-gram
+prompt lookup, measured on the same prompts in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RECIPE = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2-chat.yaml"
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    from trtbuild.eagle3.build import train_draft
+    from trtbuild.eagle3.evaluate import measure_tau
+    from trtbuild.progress import Progress
+    from trtbuild.runtime.bench import load_prompts
+    from trtbuild.stages.draft import DraftConfig
+
+    target, out = Path(argv[0]), Path(argv[1])
+    overrides: dict[str, Any] = {}
+    for item in argv[2:]:
+        key, value = item.split("=", 1)
+        overrides[key] = yaml.safe_load(value)
+    section = yaml.safe_load(RECIPE.read_text())["draft"]
+    fields = {k: v for k, v in section.items() if k not in ("source", "gate")}
+    config = DraftConfig(**{**fields, **overrides})
+    torch.set_num_threads(2)
+
+    class _Recipe:
+        base_dir = RECIPE.parent
+
+        def stage_config(self, name: str) -> None:
+            return None
+
+    class _Context:
+        recipe = _Recipe()
+        progress = Progress()
+
+    shutil.rmtree(out, ignore_errors=True)
+    result = train_draft(config, _Context(), target, out / "eagle3", out.with_name(out.name + ".resume"))
+    metrics = result["metrics"]
+    row: dict[str, Any] = {"overrides": overrides, "data_seconds": metrics["data_seconds"],
+                           "train_seconds": metrics["train_seconds"], "train_steps": metrics["train_steps"],
+                           "pool_sequences": metrics["pool_sequences"],
+                           "train_step_accuracy": metrics["train_step_accuracy"]}
+    source = config.eval.dataset.path or "chat_eval.jsonl"
+    prompts = load_prompts(source, target, config.eval.prompts, 1, base_dir=RECIPE.parent)
+    depth, new_tokens = config.max_draft_len, config.eval.new_tokens
+    started = time.perf_counter()
+    for draft_dir, tag in ((out / "eagle3", "e"), (None, "n")):  # None: n-gram prompt lookup
+        tau = measure_tau(target, draft_dir, prompts, new_tokens, depth, max_matching_ngram_size=2)
+        row[f"{tag}tau{depth}"] = round(tau["acceptance_length"], 3)
+        row[f"{tag}rates{depth}"] = [round(r, 3) for r in tau["acceptance_rates"]]
+    row["eval_seconds"] = round(time.perf_counter() - started, 1)
+    row["eval"] = f"{len(prompts)} held-out chat prompts x {new_tokens} tokens, chain {depth}"
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
