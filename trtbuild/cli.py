@@ -93,8 +93,8 @@ def plan(recipe: str, overrides: tuple[str, ...], until: str | None, force: tupl
     from trtbuild.trtllm import plugin_module
 
     found = target_hf_config(loaded)
-    data["notes"] = (structure_notes(loaded) + plan_notes(loaded)
-                     + plugin_module.plan_notes(loaded, found[0] if found else None))
+    data["notes"] = (plan_notes(loaded) + plugin_module.plan_notes(loaded, found[0] if found else None)
+                     + structure_notes(loaded))
     if as_json:
         _print_json(data)
     else:
