@@ -110,3 +110,23 @@ def test_batched_decoding_equals_single_stream(pair):
     got = run(BatchDecoder(target, 4, prefill_tokens=16), {0: jobs[:2], 3: jobs[2:]})
     for tokens, prompt in zip(got.values(), prompts, strict=True):
         assert tokens == generator.generate(prompt, 24, eos_token_ids=[]).tokens
+
+
+def test_refuses_the_multimodal_wrapper_and_an_inconsistent_config(tmp_path):
+    import json
+    import shutil
+
+    from trtbuild.errors import UserError
+
+    random_llama4(tmp_path / "ok")
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    for name, change, field in [
+        ("wrapper", {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4"}, "architectures"),
+        ("nochunk", {"attention_chunk_size": None}, "attention_chunk_size"),
+        ("layertype", {"layer_types": ["sliding_attention"] * 4}, "layer_types"),
+    ]:
+        shutil.copytree(tmp_path / "ok", tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(UserError) as info:
+            load_target(tmp_path / name)
+        assert info.value.field == field and str(tmp_path / name) in info.value.one_line()
