@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from trtbuild.errors import BuildError
 from trtbuild.progress import Progress
@@ -122,15 +122,6 @@ class TinyModelConfig(StageConfig):
     llama4: TinyLlama4Config | None = Field(
         default=None, description="Train a Llama 4 text model (Llama4ForCausalLM: MoE, shared expert, "
         "NoPE layers, chunked attention) instead of a Llama; `intermediate_size` is then the experts' width.")
-
-    @model_serializer(mode="wrap")
-    def _without_unset_llama4(self, handler: SerializerFunctionWrapHandler,
-                              info: SerializationInfo) -> dict[str, Any]:
-        # A plain Llama serializes as before this field existed, so its cache keys stay valid.
-        data = handler(self)
-        if data.get("llama4", 0) is None:
-            del data["llama4"]
-        return data
 
     @model_validator(mode="after")
     def _shapes(self) -> TinyModelConfig:
