@@ -378,3 +378,24 @@ def test_the_deploy_image_must_ship_the_bundles_release() -> None:
     assert fixed.returncode == 0, fixed.stderr
     assert done.returncode == 2 and "deploy.trtllm.image" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_llama4_targets_against_the_releases_llama4_model(version: str) -> None:
+    """Maverick's published config loads as Llama4ForConditionalGeneration; a text-only
+    Llama4ForCausalLM (what model.tiny.llama4 trains) has no model class in these releases."""
+    from trtbuild.tiny import TinyModelConfig
+
+    contract = load_contract(version)
+    maverick = json.loads((ROOT / "recipes/standins/llama-4-maverick-17b-128e/config.json").read_text())
+    assert cv.check_llama4_target(maverick, contract) == []
+    tiny = TinyModelConfig(llama4={}).hf_config()
+    fields = {v.field for v in cv.check_llama4_target(tiny, contract)}
+    assert fields == {"target/config.json:architectures", "target/config.json:text_config"}
+    assert all("modeling_llama.py@" in v.fact for v in cv.check_llama4_target(tiny, contract))
+    wrapped = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": tiny}
+    assert cv.check_llama4_target(wrapped, contract) == []
+    section = contract.section("llama4_model")
+    assert section["unquantized_modules"] == ["router"] and "experts" in section["quantized_modules"]
+    assert set(section["reads"]) >= {"no_rope_layers", "interleave_moe_layer_step", "intermediate_size_mlp"}
+    assert cv.check_llama4_target(TinyModelConfig().hf_config(), contract) == []  # a Llama: not this check

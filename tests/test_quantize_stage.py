@@ -200,18 +200,18 @@ def test_seq_len_beyond_model_positions(model_root: Path, tmp_path: Path) -> Non
 def runtime_trace(target: Any, ids: torch.Tensor, nudge: float = 0.0) -> Any:
     """The trace of the runtime itself (its layers chained); `nudge` scales noise added to the embeddings."""
     from trtbuild.export_check import Trace
-    from trtbuild.runtime.layers import prepare_mask
     from trtbuild.runtime.target import causal_mask
 
     b, t = ids.shape
     cache = target.new_cache(b, t)
-    mask = prepare_mask(causal_mask(t, 0), target.spec.num_heads, target.spec.num_kv_heads, target.dtype)
+    positions = torch.arange(t)
+    masks = target.layer_masks(causal_mask(t, 0), positions, 0)
     x = torch.nn.functional.embedding(ids, target.embed)
     x = x + nudge * x.std() * torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
     states = [x]
     with torch.inference_mode():
         for i in range(len(target.layers)):
-            states.append(target.layer_step(i, states[-1], cache, 0, target.rot[:t], mask))
+            states.append(target.layer_step(i, states[-1], cache, 0, target.rot[:t], masks, positions))
         logits = target.head(states[-1])
     return Trace(input_ids=ids, logits=logits.float(), states=torch.stack(states).float())
 

@@ -89,10 +89,12 @@ def plan(recipe: str, overrides: tuple[str, ...], until: str | None, force: tupl
     data = pipeline.report(loaded, steps, executed=False)
     from trtbuild.gpu_plan import plan_notes
     from trtbuild.model_source import target_hf_config
+    from trtbuild.target_structure import structure_notes
     from trtbuild.trtllm import plugin_module
 
     found = target_hf_config(loaded)
-    data["notes"] = plan_notes(loaded) + plugin_module.plan_notes(loaded, found[0] if found else None)
+    data["notes"] = (plan_notes(loaded) + plugin_module.plan_notes(loaded, found[0] if found else None)
+                     + structure_notes(loaded))
     if as_json:
         _print_json(data)
     else:

@@ -1,5 +1,10 @@
 """The embedded tiny target: a byte-level BPE tokenizer and a small Llama trained on the pydoc corpus.
 
+With `llama4` set, the target is a Llama 4 text model instead (transformers' Llama4ForCausalLM):
+mixture-of-experts layers interleaved with dense ones, each with a shared expert and a top-k sigmoid
+router, RoPE layers with chunked attention and NoPE layers with full attention, as Maverick's
+config defines them, at a size that trains in minutes on a CPU.
+
 Everything is deterministic for a given config on a given machine: the tokenizer trainer is
 deterministic, the weights are initialised under a fixed seed, the data order comes from a seeded
 generator, and training runs with a fixed thread count and torch's deterministic algorithms.
@@ -43,6 +48,41 @@ SPECIAL_TOKENS = (BOS, EOS, PAD)  # ids 0, 1, 2: the BPE trainer places special 
 BYTE_ALPHABET = 256
 
 
+class TinyLlama4Config(StageConfig):
+    """The Llama 4 parts of the tiny target (named as in Llama4TextConfig). Defaults mirror Maverick's
+    config where they apply: top-1 routing, MoE every second layer, a NoPE layer every fourth, no
+    qk-norm, temperature tuning on; the lengths (chunk, temperature floor) are scaled to the tiny
+    training window so both are exercised."""
+
+    num_local_experts: int = Field(default=4, ge=1, le=1024, description="Routed experts per MoE layer.")
+    num_experts_per_tok: int = Field(default=1, ge=1, le=64, description="Experts each token is routed to "
+                                     "(Maverick: 1).")
+    interleave_moe_layer_step: int = Field(default=2, ge=1, le=64, description="Every n-th layer is an MoE "
+                                           "layer (layers n-1, 2n-1, ...; Maverick: 2).")
+    intermediate_size_mlp: int = Field(default=768, ge=16, le=1 << 18, description="SwiGLU width of the dense "
+                                       "layers (`intermediate_size` is the experts' and the shared expert's).")
+    no_rope_layer_interval: int = Field(default=4, ge=1, le=64, description="Every n-th layer is a NoPE layer "
+                                        "(no RoPE, full attention; Maverick: 4).")
+    attention_chunk_size: int = Field(default=128, ge=1, le=1 << 20, description="RoPE layers attend within "
+                                      "chunks of this many positions (Maverick: 8192).")
+    use_qk_norm: bool = Field(default=False, description="L2-normalise q and k on RoPE layers (Maverick: no).")
+    attn_temperature_tuning: bool = Field(default=True, description="Scale NoPE layers' queries by "
+                                          "1 + attn_scale * log1p(floor((pos + 1) / floor_scale)).")
+    floor_scale: int = Field(default=128, ge=1, le=1 << 20, description="Temperature tuning floor "
+                             "(Maverick: 8192, its chunk size).")
+    attn_scale: float = Field(default=0.1, ge=0, le=10, description="Temperature tuning strength.")
+
+    @model_validator(mode="after")
+    def _routing(self) -> TinyLlama4Config:
+        if self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_local_experts "
+                             f"{self.num_local_experts}")
+        return self
+
+    def hf_fields(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
 class TinyModelConfig(StageConfig):
     """Architecture (named as in LlamaConfig), tokenizer and training of the embedded target."""
 
@@ -79,6 +119,9 @@ class TinyModelConfig(StageConfig):
                            "summed over processes (gloo) every step. Part of the result: another count "
                            "changes the weights in the last bits. One thread per process because torch's "
                            "threads stall each other on a shared, busy CPU.")
+    llama4: TinyLlama4Config | None = Field(
+        default=None, description="Train a Llama 4 text model (Llama4ForCausalLM: MoE, shared expert, "
+        "NoPE layers, chunked attention) instead of a Llama; `intermediate_size` is then the experts' width.")
 
     @model_validator(mode="after")
     def _shapes(self) -> TinyModelConfig:
@@ -99,6 +142,21 @@ class TinyModelConfig(StageConfig):
 
     def hf_config(self) -> dict[str, Any]:
         """The config.json the model is built from (also read by `plan` without torch)."""
+        base = self._llama_config()
+        if self.llama4 is None:
+            return base
+        base.update(architectures=["Llama4ForCausalLM"], model_type="llama4_text", **self.llama4.hf_fields())
+        for key in ("mlp_bias",):  # not a Llama4TextConfig field
+            base.pop(key)
+        layers = self.num_hidden_layers
+        step, interval = self.llama4.interleave_moe_layer_step, self.llama4.no_rope_layer_interval
+        # Written out as transformers' Llama4TextConfig derives them, so readers of the JSON
+        # (the runtime, TensorRT-LLM) need not re-derive them.
+        base["moe_layers"] = list(range(step - 1, layers, step))
+        base["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(layers)]
+        return base
+
+    def _llama_config(self) -> dict[str, Any]:
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -176,7 +234,7 @@ def _build(cfg: TinyModelConfig, out_dir: Path, progress: Progress) -> dict[str,
     parameters = sum(p.numel() for p in model.parameters())
 
     start = time.perf_counter()
-    with progress.task("tiny: train Llama", total=cfg.steps) as bar:
+    with progress.task(f"tiny: train {'Llama 4' if cfg.llama4 else 'Llama'}", total=cfg.steps) as bar:
         def on_step(loss: float) -> None:
             bar.advance(1, loss=loss)
 
@@ -203,14 +261,17 @@ def _build(cfg: TinyModelConfig, out_dir: Path, progress: Progress) -> dict[str,
 
 
 def _new_model(cfg: TinyModelConfig) -> Any:
-    """Llama with HF's standard init under `cfg.seed`, without touching the caller's RNG."""
+    """Llama (or Llama 4) with HF's standard init under `cfg.seed`, without touching the caller's RNG."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import Llama4ForCausalLM, Llama4TextConfig, LlamaConfig, LlamaForCausalLM
 
-    hf = {k: v for k, v in cfg.hf_config().items() if k not in ("torch_dtype", "rope_theta")}
+    hf = {k: v for k, v in cfg.hf_config().items() if k not in ("torch_dtype", "rope_theta", "model_type")}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = LlamaForCausalLM(LlamaConfig(**hf))
+        if cfg.llama4 is None:
+            model = LlamaForCausalLM(LlamaConfig(**hf))
+        else:
+            model = Llama4ForCausalLM(Llama4TextConfig(**hf))
     return model.to(torch.float32)
 
 

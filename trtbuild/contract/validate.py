@@ -364,3 +364,30 @@ def check_module_environment(script: str, python_path: str, contract: Contract, 
     return [Violation(f"{where}:PYTHONPATH", f"does not hold {python_path}: the executor workers of TensorRT-LLM "
                       f"{contract.version} import only what their environment brings "
                       f"({section.get('workers')})", contract.fact(section.get("workers_source")))]
+
+
+# --- Llama 4 targets ---------------------------------------------------------------------------------
+
+def check_llama4_target(config: Mapping[str, Any], contract: Contract,
+                        where: str = "target/config.json") -> list[Violation]:
+    """A Llama 4 target's config.json against the release's Llama 4 model classes: a registered
+    architecture and the text_config it swaps in. (The keys it reads come through transformers'
+    Llama4TextConfig, which defaults every absent one, so they are recorded, not required.)
+    Other families: nothing to check here."""
+    if _family(config) != "llama4":
+        return []
+    section = contract.section("llama4_model")
+    if not section:
+        return []
+    fact = contract.fact(section.get("source"))
+    out: list[Violation] = []
+    archs = [str(a) for a in config.get("architectures") or []]
+    registered = [str(a) for a in section.get("architectures", [])]
+    if not any(a in registered for a in archs):
+        out.append(Violation(f"{where}:architectures", f"{archs} has no model class in TensorRT-LLM "
+                             f"{contract.version}'s PyTorch backend (Llama 4 loads as {registered} only)", fact))
+    text = config.get("text_config")
+    if section.get("needs_text_config") and not isinstance(text, Mapping):
+        out.append(Violation(f"{where}:text_config", "is missing; TensorRT-LLM "
+                             f"{contract.version}'s Llama 4 model builds from config.text_config", fact))
+    return out

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from trtbuild.runtime.draft import DraftModel
 from trtbuild.runtime.hf_config import LlamaSpec
-from trtbuild.runtime.layers import apply_linears, apply_rope, attention, fake_quant_fp8, rms_norm
-from trtbuild.runtime.target import DecoderLayer, TargetModel, mlp_block
+from trtbuild.runtime.layers import apply_linears, attention, fake_quant_fp8, rms_norm
+from trtbuild.runtime.target import DecoderLayer, TargetModel, mlp_block, position_qk
 
 
 @dataclass
@@ -47,6 +47,15 @@ class Layout:
     def span(self) -> int:
         return self.mask.shape[-1]
 
+    def chunked(self, chunk: int) -> torch.Tensor:
+        """`mask` narrowed to keys in each row's own chunk of positions (Llama 4's chunked attention,
+        transformers' chunked_overlay). A cache row holds the position its row index names, except
+        the rows this step writes, which hold `positions`."""
+        b, s = self.mask.shape[0], self.span
+        keys = torch.arange(s, device=self.mask.device).expand(b, s).clone()
+        keys.scatter_(1, self.cache_rows.clamp(max=s - 1), self.positions)
+        return self.mask & ((keys.unsqueeze(1) // chunk) == (self.positions.unsqueeze(-1) // chunk))
+
 
 def additive_mask(mask: torch.Tensor, heads: int, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
     """Once per forward: bool [B, T, S] -> additive [B, 1, G*T, S], laid out for `attention`'s
@@ -65,7 +74,7 @@ def attend(qkv: torch.Tensor, spec: LlamaSpec, layer: DecoderLayer, k_cache: tor
     batch's slots (views into the cache, written in place)."""
     b, t = qkv.shape[:2]
     nq, nkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    qk = apply_rope(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), rot)
+    qk = position_qk(layer, qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), rot, layout.positions, nq)
     q = qk[:, :, :nq].transpose(1, 2)
     k = qk[:, :, nq:]
     v = qkv[..., (nq + nkv) * d:].view(b, t, nkv, d)
@@ -130,13 +139,19 @@ def target_groups(target: TargetModel, groups: Seq[RowGroup], *, aux_layers: tup
     shapes = [tuple(g.ids.shape) for g in groups]
     rots = [target.rot[g.layout.positions] for g in groups]
     masks = [additive_mask(g.layout.mask, spec.num_heads, spec.num_kv_heads, target.dtype) for g in groups]
+    l4 = spec.llama4
+    chunked = masks
+    if l4 is not None and l4.attention_chunk_size and any(l4.chunked):
+        chunked = [additive_mask(g.layout.chunked(l4.attention_chunk_size), spec.num_heads, spec.num_kv_heads,
+                                 target.dtype) for g in groups]
     x = F.embedding(torch.cat([g.ids.reshape(-1) for g in groups]), target.embed)  # [rows, hidden]
     aux: list[torch.Tensor] = []
     for i, layer in enumerate(target.layers):
         qkv = apply_linears(layer.qkv, rms_norm(x, layer.input_norm, eps))
+        layer_masks = chunked if layer.chunked else masks
         parts = [attend(part.view(*shape, -1), spec, layer, g.kv[i, 0], g.kv[i, 1], g.layout, rot, mask)
                  .reshape(n, -1) for part, shape, n, g, rot, mask
-                 in zip(qkv.split(sizes), shapes, sizes, groups, rots, masks, strict=True)]
+                 in zip(qkv.split(sizes), shapes, sizes, groups, rots, layer_masks, strict=True)]
         x = x + layer.o_proj(parts[0] if len(parts) == 1 else torch.cat(parts))
         x = x + mlp_block(layer, rms_norm(x, layer.post_norm, eps))
         if i in aux_layers:

@@ -1,6 +1,7 @@
 """Small real models for the runtime's tests and benchmarks, built in seconds on a CPU.
 
 - `random_llama`: a random-init LlamaForCausalLM saved as an HF directory.
+- `random_llama4`: a random-init Llama4ForCausalLM (MoE, shared expert, NoPE, chunked attention).
 - `train_byte_llama`: a byte-level Llama trained briefly on the pydoc corpus (predictable enough
   for a draft to learn, unlike a random model).
 - `train_eagle3_draft`: an EAGLE-3 draft trained with ModelOpt's own speculative plugin on a
@@ -35,6 +36,29 @@ def random_llama(out_dir: Path, *, seed: int = 0, vocab: int = 256, hidden: int 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(_llama_config(vocab, hidden, layers, heads, kv_heads, intermediate,
                                            max_positions, init_range)).eval()
+    model.save_pretrained(out_dir)
+    return model
+
+
+def random_llama4(out_dir: Path, *, seed: int = 0, vocab: int = 256, hidden: int = 64, layers: int = 4,
+                  heads: int = 4, kv_heads: int = 2, intermediate: int = 64, intermediate_mlp: int = 128,
+                  experts: int = 4, top_k: int = 1, chunk: int = 8, floor_scale: int = 4, attn_scale: float = 0.5,
+                  qk_norm: bool = False, max_positions: int = 512, init_range: float = 0.2):
+    """Saves a random Llama 4 text model, Maverick's structure at toy size: MoE on odd layers, a NoPE
+    layer every 4th, chunked attention on the RoPE layers. A small chunk and temperature floor make
+    both act within test lengths. Returns the model."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    config = Llama4TextConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, intermediate_size_mlp=intermediate_mlp,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=hidden // heads, num_local_experts=experts, num_experts_per_tok=top_k, interleave_moe_layer_step=2,
+        use_qk_norm=qk_norm, attention_chunk_size=chunk, attn_temperature_tuning=True, floor_scale=floor_scale,
+        attn_scale=attn_scale, max_position_embeddings=max_positions, initializer_range=init_range,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Llama4ForCausalLM(config).eval()
     model.save_pretrained(out_dir)
     return model
 

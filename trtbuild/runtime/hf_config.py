@@ -1,7 +1,9 @@
 """Reads a Hugging Face Llama directory's config.json (and ModelOpt's hf_quant_config.json).
 
-Only the Llama family is supported: the tiny target and Llama 3.x. Anything else is refused
-with a one-line `UserError` naming the architecture, before any weight is read.
+Only the Llama family is supported: the tiny target, Llama 3.x and Llama 4 text models
+(`Llama4ForCausalLM`: MoE, shared expert, NoPE layers, chunked attention; the multimodal
+`Llama4ForConditionalGeneration` wrapper is not). Anything else is refused with a one-line
+`UserError` naming the architecture, before any weight is read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from trtbuild.errors import UserError
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+LLAMA4_ARCHITECTURES = ("Llama4ForCausalLM",)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 
 
@@ -24,6 +27,24 @@ class QuantInfo:
     quant_algo: str | None = None  # "FP8" or None
     kv_cache_quant_algo: str | None = None  # "FP8" or None
     exclude_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Llama4Spec:
+    """What a Llama 4 text decoder adds to a Llama one, per layer resolved as transformers'
+    Llama4TextConfig derives it (moe_layers, no_rope_layers, layer_types)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size_mlp: int  # dense layers' MLP width (LlamaSpec.intermediate_size: the experts')
+    moe_layers: frozenset[int]
+    use_rope: tuple[bool, ...]  # per layer; False: a NoPE layer
+    chunked: tuple[bool, ...]  # per layer: attention within `attention_chunk_size` chunks
+    attention_chunk_size: int | None
+    use_qk_norm: bool  # L2-normalise q and k on RoPE layers
+    attn_temperature_tuning: bool  # scale NoPE layers' queries with the position
+    floor_scale: float
+    attn_scale: float
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,7 @@ class LlamaSpec:
     attention_bias: bool
     mlp_bias: bool
     eos_token_ids: tuple[int, ...]
+    llama4: Llama4Spec | None = None
     raw: dict[str, Any] = field(repr=False, compare=False, hash=False, default_factory=dict)
 
 
@@ -102,6 +124,7 @@ def spec_from_config(cfg: dict[str, Any], model_dir: Path, *, file: str) -> Llam
             attention_bias=bool(cfg.get("attention_bias", False)),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             eos_token_ids=_eos_ids(cfg, model_dir),
+            llama4=_llama4_spec(cfg, file) if _is_llama4(cfg) else None,
             raw=cfg,
         )
     except KeyError as exc:
@@ -114,17 +137,61 @@ def spec_from_config(cfg: dict[str, Any], model_dir: Path, *, file: str) -> Llam
     return spec
 
 
+def _is_llama4(cfg: dict[str, Any]) -> bool:
+    archs = cfg.get("architectures") or []
+    return any(a in LLAMA4_ARCHITECTURES for a in archs) or (not archs and cfg.get("model_type") == "llama4_text")
+
+
+def _llama4_spec(cfg: dict[str, Any], file: str) -> Llama4Spec:
+    """The Llama 4 fields, defaulted exactly as transformers' Llama4TextConfig.__post_init__ does."""
+    layers = int(cfg.get("num_hidden_layers", 1))
+    step = int(cfg.get("interleave_moe_layer_step", 1))
+    moe = cfg.get("moe_layers")
+    moe_layers = list(moe) if moe is not None else list(range(step - 1, layers, step))
+    interval = int(cfg.get("no_rope_layer_interval", 4))
+    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    layer_types = cfg.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in no_rope]
+    if len(no_rope) < layers or len(layer_types) < layers:
+        raise UserError(f"no_rope_layers / layer_types name fewer than {layers} layers", file=file,
+                        field="no_rope_layers")
+    unknown = sorted(set(layer_types[:layers]) - {"chunked_attention", "full_attention"})
+    if unknown:
+        raise UserError(f"layer_types {unknown} are not supported (chunked_attention, full_attention)",
+                        file=file, field="layer_types")
+    chunk = cfg.get("attention_chunk_size")
+    chunked = tuple(t == "chunked_attention" for t in layer_types[:layers])
+    if any(chunked) and not chunk:
+        raise UserError("chunked_attention layers without attention_chunk_size", file=file,
+                        field="attention_chunk_size")
+    return Llama4Spec(
+        num_experts=int(cfg.get("num_local_experts", 16)),
+        top_k=int(cfg.get("num_experts_per_tok", 1)),
+        intermediate_size_mlp=int(cfg.get("intermediate_size_mlp", 16384)),
+        moe_layers=frozenset(int(i) for i in moe_layers),
+        use_rope=tuple(bool(r) for r in no_rope[:layers]),
+        chunked=chunked,
+        attention_chunk_size=int(chunk) if chunk else None,
+        use_qk_norm=bool(cfg.get("use_qk_norm", True)),
+        attn_temperature_tuning=bool(cfg.get("attn_temperature_tuning", True)),
+        floor_scale=float(cfg.get("floor_scale", 8192)),
+        attn_scale=float(cfg.get("attn_scale", 0.1)),
+    )
+
+
 def read_target_config(model_dir: Path) -> tuple[LlamaSpec, QuantInfo]:
-    """Config of a target directory: a Llama, unquantized or ModelOpt FP8."""
+    """Config of a target directory: a Llama or Llama 4 text model, unquantized or ModelOpt FP8."""
     path = model_dir / "config.json"
     cfg = read_json(path)
     archs = cfg.get("architectures") or []
     model_type = cfg.get("model_type")
-    if not any(a in LLAMA_ARCHITECTURES for a in archs) and not (not archs and model_type == "llama"):
+    known = LLAMA_ARCHITECTURES + LLAMA4_ARCHITECTURES
+    if not any(a in known for a in archs) and not (not archs and model_type in ("llama", "llama4_text")):
         name = ", ".join(archs) if archs else f"model_type {model_type!r}"
-        raise UserError(f"architecture {name} is not supported by the trtbuild runtime (Llama only)",
+        raise UserError(f"architecture {name} is not supported by the trtbuild runtime "
+                        "(LlamaForCausalLM and Llama4ForCausalLM only)",
                         file=str(path), field="architectures",
-                        fix="use a LlamaForCausalLM checkpoint, or serve this model through TensorRT-LLM")
+                        fix="use a LlamaForCausalLM or Llama4ForCausalLM (text) checkpoint, or serve this "
+                        "model through TensorRT-LLM")
     return spec_from_config(cfg, model_dir, file=str(path)), read_quant_info(model_dir, cfg)
 
 

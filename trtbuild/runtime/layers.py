@@ -195,6 +195,29 @@ def rope_table(cfg: dict, head_dim: int, max_len: int) -> torch.Tensor:
     return torch.complex(cos[0, :, :half].double(), sin[0, :, :half].double()).to(torch.complex64)
 
 
+def rope_table_llama4(cfg: dict, head_dim: int, max_len: int) -> torch.Tensor:
+    """`rope_table` for a Llama 4 text config, from transformers' Llama4TextRotaryEmbedding (it builds
+    the complex rotations itself, in float32, with torch.polar). Llama 4 checkpoints already hold q/k
+    rows as interleaved pairs, the layout `apply_rope` rotates."""
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding
+
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "rope_theta", "rope_scaling",
+            "rope_parameters", "max_position_embeddings")
+    kwargs = {k: cfg[k] for k in keys if cfg.get(k) is not None}
+    config = Llama4TextConfig(**kwargs, head_dim=head_dim)
+    rotary = Llama4TextRotaryEmbedding(config)
+    return rotary(torch.zeros(1, dtype=torch.float32), torch.arange(max_len).unsqueeze(0))[0]
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama 4's qk-norm (Llama4TextL2Norm): RMS-normalise the last dim, no weight. 16-bit inputs
+    go through float32 as there; float64 (the FP8-on-CPU compute) stays float64 like `rms_norm`."""
+    if x.dtype in HALF_DTYPES:
+        return l2_norm(x.float(), eps).to(x.dtype)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     """x [B, T, H, D] (interleaved pairs) rotated by rot [T, D/2] (or [B, T, D/2]).
 

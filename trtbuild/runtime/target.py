@@ -1,4 +1,10 @@
-"""The target model: a Llama decoder executed with plain torch ops on a preallocated KV cache."""
+"""The target model: a Llama (or Llama 4 text) decoder executed with plain torch ops on a preallocated
+KV cache.
+
+Llama 4 layers differ as transformers' modeling_llama4 defines them: an MoE feed-forward on
+`moe_layers` (trtbuild.runtime.moe), NoPE layers (no RoPE, full attention, queries scaled by the
+temperature-tuning factor), chunked attention on RoPE layers (a query sees keys of its own
+`attention_chunk_size` chunk of positions only) and optional qk-norm after RoPE."""
 
 from __future__ import annotations
 
@@ -19,10 +25,13 @@ from trtbuild.runtime.layers import (
     attention,
     fuse_linears,
     interleave_rope_rows,
+    l2_norm,
     prepare_mask,
     rms_norm,
     rope_table,
+    rope_table_llama4,
 )
+from trtbuild.runtime.moe import MoE, load_moe
 
 
 @dataclass
@@ -37,18 +46,28 @@ class DecoderLayer:
     down: Linear
     k_scale: torch.Tensor | None = None  # FP8 KV cache (ModelOpt k_proj.k_scale / v_proj.v_scale)
     v_scale: torch.Tensor | None = None
+    # Llama 4 (defaults: a Llama layer).
+    use_rope: bool = True
+    chunked: bool = False  # attention within chunks (the mask `forward` passes for chunked layers)
+    qk_norm_eps: float | None = None  # L2 qk-norm after RoPE
+    temperature: tuple[float, float] | None = None  # NoPE query scaling: (floor_scale, attn_scale)
+    moe: MoE | None = None  # replaces gate_up / down
 
     def __post_init__(self) -> None:
         self.k_quant = FakeQuantFP8(self.k_scale) if self.k_scale is not None else None
         self.v_quant = FakeQuantFP8(self.v_scale) if self.v_scale is not None else None
 
 
-def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: int) -> DecoderLayer:
+def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: int,
+                       index: int = 0) -> DecoderLayer:
+    """Layer `index` of the stack at `prefix` (the index picks a Llama 4 layer's kind)."""
     h, d = spec.hidden_size, spec.head_dim
     nq, nkv = spec.num_heads, spec.num_kv_heads
     q = w.linear(f"{prefix}.self_attn.q_proj", nq * d, in_features)
     k = w.linear(f"{prefix}.self_attn.k_proj", nkv * d, in_features)
     v = w.linear(f"{prefix}.self_attn.v_proj", nkv * d, in_features)
+    if spec.llama4 is not None:
+        return _llama4_layer(w, prefix, spec, index, [q, k, v])
     q = (interleave_rope_rows(q[0], nq, d),
          None if q[1] is None else interleave_rope_rows(q[1], nq, d), q[2])
     k = (interleave_rope_rows(k[0], nkv, d),
@@ -68,13 +87,70 @@ def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: in
     )
 
 
+def _llama4_layer(w: Weights, prefix: str, spec: LlamaSpec, index: int,
+                  qkv: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> DecoderLayer:
+    """A Llama4TextDecoderLayer: q/k rows are already interleaved pairs (its apply_rotary_emb rotates
+    adjacent dims), the feed-forward is `feed_forward.*`, dense or MoE."""
+    l4 = spec.llama4
+    assert l4 is not None
+    h, d, nq = spec.hidden_size, spec.head_dim, spec.num_heads
+    ff = f"{prefix}.feed_forward"
+    moe = None
+    if index in l4.moe_layers:
+        moe = load_moe(w, ff, h, spec.intermediate_size, l4.num_experts, l4.top_k)
+        gate_up: list[Linear] = []
+        down = None
+    else:
+        gate = w.linear(f"{ff}.gate_proj", l4.intermediate_size_mlp, h)
+        up = w.linear(f"{ff}.up_proj", l4.intermediate_size_mlp, h)
+        gate_up = fuse_linears([gate, up])
+        down = Linear(*w.linear(f"{ff}.down_proj", h, l4.intermediate_size_mlp), fp8=w.fp8(f"{ff}.down_proj"))
+    use_rope = l4.use_rope[index]
+    return DecoderLayer(
+        input_norm=w.float(f"{prefix}.input_layernorm.weight", (h,)),
+        qkv=fuse_linears(qkv),
+        o_proj=Linear(*w.linear(f"{prefix}.self_attn.o_proj", h, nq * d), fp8=w.fp8(f"{prefix}.self_attn.o_proj")),
+        post_norm=w.float(f"{prefix}.post_attention_layernorm.weight", (h,)),
+        gate_up=gate_up,
+        down=down,  # type: ignore[arg-type]  # None only beside an MoE
+        k_scale=w.kv_scale(f"{prefix}.self_attn.k_proj.k_scale"),
+        v_scale=w.kv_scale(f"{prefix}.self_attn.v_proj.v_scale"),
+        use_rope=use_rope,
+        chunked=l4.chunked[index],
+        qk_norm_eps=spec.rms_norm_eps if l4.use_qk_norm and use_rope else None,
+        temperature=(l4.floor_scale, l4.attn_scale) if l4.attn_temperature_tuning and not use_rope else None,
+        moe=moe,
+    )
+
+
+def position_qk(layer: DecoderLayer, qk: torch.Tensor, rot: torch.Tensor, positions: torch.Tensor | None,
+                num_heads: int) -> torch.Tensor:
+    """q|k heads [B, T, heads + kv_heads, D] as attention reads them: RoPE, then (Llama 4) qk-norm on
+    RoPE layers or the temperature scaling of NoPE layers' queries at `positions` ([T] or [B, T])."""
+    if layer.use_rope:
+        qk = apply_rope(qk, rot)
+    if layer.qk_norm_eps is not None:
+        qk = l2_norm(qk, layer.qk_norm_eps)
+    if layer.temperature is not None:
+        assert positions is not None, "a NoPE layer with temperature tuning needs the positions"
+        floor_scale, attn_scale = layer.temperature
+        # As Llama4TextAttention: log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1, in float32.
+        scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        scale = scale.to(qk.dtype).view(*((1,) if positions.dim() == 1 else ()), *positions.shape, 1, 1)
+        q = qk[:, :, :num_heads] * scale
+        qk = torch.cat([q, qk[:, :, num_heads:]], 2)
+    return qk
+
+
 def attention_block(layer: DecoderLayer, x: torch.Tensor, spec: LlamaSpec, cache: KVCache, index: int,
-                    start: int, rot: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Self-attention of `x` [B, T, in] over cache rows [0, start) plus itself, writing its K/V."""
+                    start: int, rot: torch.Tensor, mask: torch.Tensor | None,
+                    positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Self-attention of `x` [B, T, in] over cache rows [0, start) plus itself, writing its K/V.
+    positions [T]: the rows' positions (needed by Llama 4's NoPE temperature tuning)."""
     b, t = x.shape[:2]
     nq, nkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
     qkv = apply_linears(layer.qkv, x)
-    qk = apply_rope(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), rot)
+    qk = position_qk(layer, qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), rot, positions, nq)
     q = qk[:, :, :nq].transpose(1, 2)
     k = qk[:, :, nq:].transpose(1, 2)
     v = qkv[..., (nq + nkv) * d:].view(b, t, nkv, d).transpose(1, 2)
@@ -91,6 +167,8 @@ def attention_block(layer: DecoderLayer, x: torch.Tensor, spec: LlamaSpec, cache
 
 
 def mlp_block(layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+    if layer.moe is not None:
+        return layer.moe(x)
     gate_up = apply_linears(layer.gate_up, x)
     gate, up = gate_up.chunk(2, -1)
     return layer.down(F.silu(gate) * up)
@@ -101,6 +179,15 @@ def causal_mask(t: int, start: int, device: torch.device | str = "cpu") -> torch
     if t == 1:
         return None
     return torch.ones(t, start + t, dtype=torch.bool, device=device).tril(start)
+
+
+def chunk_mask(mask: torch.Tensor | None, positions: torch.Tensor, start: int, chunk: int) -> torch.Tensor:
+    """`mask` [T, start+T] (None: all) narrowed to keys in the query's own chunk of positions, as
+    transformers' chunked_overlay: key position // chunk == query position // chunk. Cache rows
+    below `start` hold positions 0..start-1; the new rows hold `positions`."""
+    keys = torch.cat([torch.arange(start, device=positions.device), positions])
+    same = (keys.view(1, -1) // chunk) == (positions.view(-1, 1) // chunk)
+    return same if mask is None else mask & same
 
 
 class TargetModel:
@@ -115,7 +202,7 @@ class TargetModel:
         self.dtype = weights.dtype
         h = spec.hidden_size
         self.embed = weights.float("model.embed_tokens.weight", (spec.vocab_size, h))
-        self.layers = [load_decoder_layer(weights, f"model.layers.{i}", spec, h)
+        self.layers = [load_decoder_layer(weights, f"model.layers.{i}", spec, h, i)
                        for i in range(spec.num_layers)]
         self.norm = weights.float("model.norm.weight", (h,))
         if weights.has("lm_head.weight"):
@@ -125,7 +212,8 @@ class TargetModel:
         else:
             weights.get("lm_head.weight")  # raises the missing-tensor error
         limit = max_positions or int(spec.raw.get("max_position_embeddings") or 4096)
-        self.rot = rope_table(spec.raw, spec.head_dim, limit).to(self.device)
+        table = rope_table_llama4 if spec.llama4 is not None else rope_table
+        self.rot = table(spec.raw, spec.head_dim, limit).to(self.device)
         self.max_positions = limit
 
     # -- building blocks -------------------------------------------------------------------
@@ -147,25 +235,40 @@ class TargetModel:
         returned concatenated (EAGLE-3's aux hidden states). logits_rows: which rows get logits.
         """
         t = ids.shape[1]
-        rot = self.rot[start:start + t] if positions is None else self.rot[positions]
+        if positions is None:
+            positions = torch.arange(start, start + t, device=self.device)
+        rot = self.rot[positions]
         if mask is None:
             mask = causal_mask(t, start, self.device)
-        mask = prepare_mask(mask, self.spec.num_heads, self.spec.num_kv_heads, self.dtype)
+        masks = self.layer_masks(mask, positions, start)
         x = F.embedding(ids, self.embed)
         aux: list[torch.Tensor] = []
         for i in range(len(self.layers)):
-            x = self.layer_step(i, x, cache, start, rot, mask)
+            x = self.layer_step(i, x, cache, start, rot, masks, positions)
             if i in aux_layers:
                 aux.append(x)
         if logits_rows is not None:
             x = x[:, logits_rows]
         return self.head(x), (torch.cat(aux, -1) if aux else None)
 
+    def layer_masks(self, mask: torch.Tensor, positions: torch.Tensor, start: int
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(full mask, chunked mask or None) as `prepare_mask` returns them, from the bool mask; the
+        chunked one is for Llama 4's chunked-attention layers."""
+        l4 = self.spec.llama4
+        chunked = None
+        if l4 is not None and l4.attention_chunk_size and any(l4.chunked):
+            chunked = prepare_mask(chunk_mask(mask, positions, start, l4.attention_chunk_size),
+                                   self.spec.num_heads, self.spec.num_kv_heads, self.dtype)
+        return prepare_mask(mask, self.spec.num_heads, self.spec.num_kv_heads, self.dtype), chunked
+
     def layer_step(self, index: int, x: torch.Tensor, cache: KVCache, start: int, rot: torch.Tensor,
-                   mask: torch.Tensor | None) -> torch.Tensor:
-        """Decoder layer `index` on residual stream x [B, T, H]; mask as `prepare_mask` returns it."""
+                   masks: tuple[torch.Tensor, torch.Tensor | None], positions: torch.Tensor) -> torch.Tensor:
+        """Decoder layer `index` on residual stream x [B, T, H]; masks as `layer_masks` returns them."""
         layer, eps = self.layers[index], self.spec.rms_norm_eps
-        x = x + attention_block(layer, rms_norm(x, layer.input_norm, eps), self.spec, cache, index, start, rot, mask)
+        mask = masks[1] if layer.chunked else masks[0]
+        x = x + attention_block(layer, rms_norm(x, layer.input_norm, eps), self.spec, cache, index, start, rot,
+                                mask, positions)
         return x + mlp_block(layer, rms_norm(x, layer.post_norm, eps))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,9 +286,11 @@ class TargetModel:
         """
         b, t = states.shape[1:3]
         cache = self.new_cache(b, t)
-        mask = prepare_mask(causal_mask(t, 0, self.device), self.spec.num_heads, self.spec.num_kv_heads, self.dtype)
+        positions = torch.arange(t, device=self.device)
+        masks = self.layer_masks(causal_mask(t, 0, self.device), positions, 0)
         rot = self.rot[:t]
-        outputs = [self.layer_step(i, states[i].to(self.device, self.dtype), cache, 0, rot, mask).float().cpu()
+        outputs = [self.layer_step(i, states[i].to(self.device, self.dtype), cache, 0, rot, masks, positions
+                                   ).float().cpu()
                    for i in range(len(self.layers))]
         logits = self.head(states[-1].to(self.device, self.dtype)).float().cpu()
         return torch.stack(outputs), logits
@@ -210,7 +315,7 @@ class TargetModel:
 
 def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = None,
                 max_positions: int | None = None) -> TargetModel:
-    """Loads an HF Llama directory (unquantized, or ModelOpt's unified FP8 export).
+    """Loads an HF Llama or Llama 4 text directory (unquantized, or ModelOpt's unified FP8 export).
 
     dtype: the compute dtype. By default float32, except an FP8 checkpoint on CPU computes in
     float64: FP8 rounds every linear's input, so float32 noise that depends on how many rows a

@@ -65,7 +65,9 @@ def bundle_violations(bundle: Path, options: LlmApiOptions, spec: launchers.Serv
         out += cv.check_draft_dir(bundle / draft, contract, draft)
     cfg_file = bundle / served / "config.json"
     if cfg_file.is_file():
-        out += cv.check_hf_config(json.loads(cfg_file.read_text()), contract, f"{served}/config.json")
+        served_config = json.loads(cfg_file.read_text())
+        out += cv.check_hf_config(served_config, contract, f"{served}/config.json")
+        out += cv.check_llama4_target(served_config, contract, f"{served}/config.json")
     if spec.python_path:
         out += module_violations(bundle, spec.python_path, contract)
     return out
