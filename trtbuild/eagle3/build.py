@@ -1,13 +1,15 @@
-"""source: train, end to end: data -> vocab calibration -> ModelOpt conversion -> training -> export.
+"""source: train, end to end: data -> (offline: hidden states) -> vocab calibration -> ModelOpt
+conversion -> training -> export.
 
-The training pool and the training state live in the resume dir, so a killed build restarts from
-its last checkpoint; the resume dir is removed once the export is complete.
+The training pool (trtbuild/eagle3/draft_data.py) and, offline, the target's hidden states
+(trtbuild/eagle3/hidden.py) are shard sets of their own in the cache; the training state lives in
+the resume dir, so a killed build restarts from its last checkpoint; the resume dir is removed once
+the export is complete.
 """
 
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +18,6 @@ from trtbuild.errors import UserError
 if TYPE_CHECKING:
     from trtbuild.eagle3.config import DraftConfig
     from trtbuild.stage_api import StageContext
-
-POOL_FILE = "pool.safetensors"  # a tensor file, never a pickle: the resume dir lies in the cache
 
 
 def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
@@ -35,19 +35,6 @@ def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
     return sorted(config.aux_layers)
 
 
-def _load_pool(path: Path) -> Any:
-    """The saved training pool, or None when absent or unreadable (then it is built again)."""
-    if not path.is_file():
-        return None
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path)).get("pool")
-    except (OSError, SafetensorError):
-        return None
-
-
 def _export_dtype(config: DraftConfig, target: Any) -> str:
     if config.export_dtype != "auto":
         return config.export_dtype
@@ -60,14 +47,12 @@ def _export_dtype(config: DraftConfig, target: Any) -> str:
 
 
 def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: Path,
-                resume: Path) -> dict[str, Any]:
+                resume: Path, target_key: str = "") -> dict[str, Any]:
     import torch
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig
 
-    from trtbuild.data.sources import joiner, load_texts
     from trtbuild.eagle3.compat import check_compatible
-    from trtbuild.eagle3.data import DataPlan, build_pool
+    from trtbuild.eagle3.draft_data import ensure_data, load_pool
     from trtbuild.eagle3.export import export_draft
     from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.eagle3.modelopt_compat import effective_ttt_steps, ignored_settings
@@ -75,11 +60,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     from trtbuild.eagle3.vocab import calibrate_d2t
 
     torch.manual_seed(config.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    target = load_target(target_dir)
-    text_config = target.config.get_text_config()
+    text_config = AutoConfig.from_pretrained(str(target_dir)).get_text_config()
     vocab_size, num_layers = int(text_config.vocab_size), int(text_config.num_hidden_layers)
-    export_dtype = _export_dtype(config, target)
     aux_layers = resolve_aux_layers(config, num_layers)
     draft_vocab = config.draft_vocab_size or vocab_size
     if draft_vocab > vocab_size:
@@ -87,34 +69,35 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
                         field="draft.draft_vocab_size", fix=f"use at most {vocab_size}")
 
     resume.mkdir(parents=True, exist_ok=True)
-    pool_file = resume / POOL_FILE
-    started = time.perf_counter()
-    pool = _load_pool(pool_file)
-    if pool is None:
-        texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=ctx.recipe.base_dir)
-        plan = DataPlan(samples=config.samples, seq_len=config.seq_len,
-                        distill_fraction=config.distill_fraction, prompt_len=config.prompt_len,
-                        seed=config.seed, separator=joiner(config.dataset, ctx.recipe.base_dir),
-                        chat_prompts=chat_requests(config, tokenizer, ctx.recipe.base_dir))
-        pool = build_pool(target, tokenizer, texts, plan, ctx.progress)
-        tmp = pool_file.with_name(f".{pool_file.name}.tmp")
-        save_file({"pool": pool.contiguous()}, str(tmp))
-        tmp.replace(pool_file)
-    data_seconds = time.perf_counter() - started
+    # The pool and (offline) the hidden states are shard sets of their own in the cache, keyed without
+    # the training settings: another lr or step count finds them again.
+    data = ensure_data(config, target_dir, target_key or str(target_dir), ctx.recipe.base_dir, ctx.progress)
+    pool = load_pool(data.path)
+    features, hidden = None, None
+    if config.hidden_states == "offline":
+        from trtbuild.eagle3.hidden import HiddenStore, batches, ensure_hidden, load_head_only
+
+        hidden = ensure_hidden(data, target_dir, aux_layers, config.hidden_states_dtype, ctx.progress)
+        features = batches(HiddenStore(hidden.path))
+        target = load_head_only(target_dir)
+    else:
+        target = load_target(target_dir)
+    torch.manual_seed(config.seed)  # the draft's initialisation does not depend on what ran before
+    export_dtype = _export_dtype(config, target)
 
     d2t, coverage = None, 1.0
     if draft_vocab < vocab_size:
         d2t, coverage = calibrate_d2t(pool.flatten().tolist(), vocab_size, draft_vocab)
     arch = DraftArch(aux_layers=aux_layers, draft_vocab_size=draft_vocab,
                      intermediate_size=config.intermediate_size, ttt_steps=config.ttt_steps,
-                     loss_decay=config.loss_decay)
+                     loss_decay=config.loss_decay, offline=config.hidden_states == "offline")
     model = convert_to_eagle3(target, arch, d2t)
     for note in ignored_settings(config.ttt_steps, config.loss_decay):
         ctx.progress.log(f"draft: {note} (the TensorRT-LLM 1.1 container's release)")
     plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.seed,
                      warmup_steps=min(10, max(1, config.total_steps() // 10)),
                      checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len)
-    result = train(model, pool, plan, resume, ctx.progress)
+    result = train(model, pool, plan, resume, ctx.progress, features)
     exported = export_draft(model, out, target_dir=target_dir, dtype=export_dtype)
     check_compatible(out, target_dir, where="draft")  # our own export must pass the loader's checks
     shutil.rmtree(resume, ignore_errors=True)
@@ -122,7 +105,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     metrics = {
         "train_steps": result.steps,
         "train_seconds": round(result.seconds, 1),
-        "data_seconds": round(data_seconds, 1),
+        "train_step_seconds": round(result.seconds / max(1, result.steps - result.resumed_from), 4),
+        "data_seconds": round(data.seconds, 1),
         "train_loss": round(result.final_loss, 4),
         "train_step_accuracy": [round(a, 4) for a in result.step_accuracy],
         "train_estimated_tau": round(result.estimated_tau, 3),
@@ -130,16 +114,20 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         "pool_sequences": int(pool.shape[0]),
         "pool_tokens": int(pool.numel()),
     }
-    info = {"resumed_from_step": result.resumed_from, "export": exported,
-            "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)",
-            "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps)}
+    info: dict[str, Any] = {
+        "resumed_from_step": result.resumed_from, "export": exported,
+        "trainer": f"modelopt.torch.speculative eagle3 ({config.hidden_states}, frozen target)",
+        "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps),
+        "data": _set_info(data)}
+    if hidden is not None:
+        from trtbuild.eagle3.shards import shard_bytes
+
+        metrics["dump_seconds"] = round(hidden.seconds, 1)
+        metrics["hidden_states_bytes"] = shard_bytes(hidden.path)
+        info["hidden_states"] = _set_info(hidden)
     return {"metrics": metrics, "info": info}
 
 
-def chat_requests(config: DraftConfig, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
-    """The chat records of the training source as served requests (None for a text source)."""
-    from trtbuild.data.chat import chat_prompt_ids, request_messages
-    from trtbuild.data.sources import load_records
-
-    chats = [r for r in load_records(config.dataset, "train", base_dir=base_dir) if isinstance(r, list)]
-    return [chat_prompt_ids(tokenizer, request_messages(c)) for c in chats] or None
+def _set_info(found: Any) -> dict[str, Any]:
+    return {"path": str(found.path), "key": found.key, "reused": found.reused, "shards_computed": found.computed,
+            "shards_kept": found.kept}

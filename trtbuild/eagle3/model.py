@@ -29,6 +29,7 @@ class DraftArch:
     intermediate_size: int | None = None  # None: the target's
     ttt_steps: int = 3
     loss_decay: float = 0.9
+    offline: bool = False  # the target's hidden states come from a dump (trtbuild/eagle3/hidden.py)
 
 
 def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -85,6 +86,7 @@ def eagle_mode_config(target: nn.Module, arch: DraftArch) -> dict[str, Any]:
         "eagle_export_rope_scaling": {},  # keep the target's RoPE in the export, no YaRN injection
         "eagle_freeze_base_model": True,
         "eagle_self_logit_distillation": True,
+        "eagle_offline": arch.offline,
     })
     return modelopt_compat.mode_config(config)
 

@@ -1,4 +1,5 @@
-"""The EAGLE-3 training loop (online: the frozen target runs in every step) with resumable checkpoints.
+"""The EAGLE-3 training loop (online: the frozen target runs in every step; offline: its stored hidden
+states are read instead) with resumable checkpoints.
 
 ModelOpt's `HFEagleModel.forward` computes the target's hidden states and logits, unrolls the
 draft `eagle_ttt_steps` times (training-time test; 4 fixed passes under ModelOpt 0.37) and returns
@@ -15,8 +16,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -137,8 +140,10 @@ def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimi
 
 
 def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Path,
-          progress: Progress) -> TrainResult:
-    """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`."""
+          progress: Progress, features: Callable[[torch.Tensor], dict[str, Any]] | None = None) -> TrainResult:
+    """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`. `features`
+    (offline training): the model's inputs for a batch's pool rows (token ids and the target's stored
+    hidden states); unset, the model runs the target on the token ids itself (online)."""
     torch.manual_seed(plan.seed)
     params = draft_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay, betas=(0.9, 0.95))
@@ -158,8 +163,8 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
         for step in range(start, plan.steps):
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, plan)
-            batch = pool[order[step]]
-            out = model(input_ids=batch)
+            inputs = features(order[step]) if features is not None else {"input_ids": pool[order[step]]}
+            out = model(**inputs)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, plan.grad_clip)
             optimizer.step()

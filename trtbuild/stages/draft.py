@@ -48,7 +48,7 @@ def resume_dir(config: DraftConfig, target_key: str) -> Path:
 
     training = config.model_dump(mode="json", exclude={"eval", "gate", "compat_ignore", "export_dtype",
                                                         "path", "repo_id", "revision"})
-    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("data", "model", "train")]  # and what they import
+    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("build", "model", "train")]  # and what they import
     digest = hashlib.sha256(json.dumps([training, target_key, code], sort_keys=True).encode()).hexdigest()
     return default_root() / "resume" / f"draft-{digest[:16]}"
 
@@ -124,7 +124,7 @@ class DraftStage(Stage):
 
             resume = resume_dir(config, model_artifact.key)
             with resume_in_use(resume):  # `cache gc` leaves the resume dir alone while this trains
-                trained = train_draft(config, ctx, target_dir, out, resume)
+                trained = train_draft(config, ctx, target_dir, out, resume, model_artifact.key)
             metrics.update(trained["metrics"])
             info.update(trained["info"])
         else:
