@@ -186,3 +186,48 @@ def test_another_lr_reuses_the_shards_and_plan_says_so(target: Path, tmp_path: P
     manifest = json.loads((isolated_cache / "draft" / draft["key"] / "manifest.json").read_text())
     assert manifest["info"]["hidden_states"]["reused"] is True
     assert manifest["info"]["data"]["reused"] is True
+
+
+class _StopAtChunk(Progress):
+    """Interrupts like Ctrl-C when the target has generated its `n`-th batch of responses."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    def _advance(self, task_id: object, n: float, fields: dict) -> None:
+        self.left -= 1
+        if self.left == 0:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_data_step_keeps_its_shards_and_makes_the_same_pool(target: Path, isolated_cache: Path) -> None:
+    from trtbuild.eagle3.config import DraftConfig
+    from trtbuild.eagle3.data import greedy_continue, make_rows
+    from trtbuild.eagle3.draft_data import _pool_spec, data_key, ensure_data, load_pool
+    from trtbuild.eagle3.model import load_target
+    from trtbuild.layout import DRAFT_DATA
+
+    config = DraftConfig(samples=20, seq_len=16, prompt_len=4, distill_fraction=0.5, shard_samples=4)  # 5 shards
+    with pytest.raises(KeyboardInterrupt):  # shards 0-1 are text windows; 2, 3 written, 4 interrupted
+        ensure_data(config, target, "target-key", None, _StopAtChunk(3))
+    work = shards.resume_dir(DRAFT_DATA, data_key(config, "target-key", _fingerprint(config)))
+    kept = _stamps(work)
+    assert sorted(kept) == [shards.shard_name(i) for i in range(4)]
+    made = ensure_data(config, target, "target-key", None, Progress())
+    assert (made.kept, made.computed) == (4, 1)
+    after = _stamps(made.path)
+    assert {name: after[name] for name in kept} == kept
+    # the same rows as one pass over the whole pool (one batch per prompt length)
+    spec = _pool_spec(config, target, None)
+    model = load_target(target)
+    whole = make_rows(spec, 0, len(spec), lambda p, n: greedy_continue(model, p, n), 128)
+    assert torch.equal(load_pool(made.path), whole)
+    again = ensure_data(config.model_copy(update={"lr": 0.5, "steps": 7}), target, "target-key", None, Progress())
+    assert again.reused and again.path == made.path
+
+
+def _fingerprint(config: object) -> object:
+    from trtbuild.data.sources import fingerprint
+
+    return fingerprint(config.dataset, base_dir=None)  # type: ignore[attr-defined]
