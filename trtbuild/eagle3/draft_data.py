@@ -67,6 +67,9 @@ def ensure_data(config: DraftConfig, target_dir: Path, target_key: str, base_dir
     count = shards.shard_count(len(spec), config.shard_samples)
     generate: Generate | None = None
     with shards.resumable(DRAFT_DATA, key) as work:
+        found = shards.entry_dir(DRAFT_DATA, key)
+        if found is not None:  # a concurrent build made it while this one waited for the lock
+            return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
         done = shards.finished(work, count)
         if done:
             progress.log(f"draft data: {len(done)}/{count} shards kept from an interrupted run ({work})")

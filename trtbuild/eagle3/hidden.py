@@ -71,6 +71,9 @@ def ensure_hidden(data: ShardSet, target_dir: Path, aux_layers: list[int], dtype
     count = int(data_meta["shards"])
     target: nn.Module | None = None
     with shards.resumable(DRAFT_HIDDEN, key) as work:
+        found = shards.entry_dir(DRAFT_HIDDEN, key)
+        if found is not None:  # a concurrent build made it while this one waited for the lock
+            return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
         done = shards.finished(work, count)
         if done:
             progress.log(f"draft hidden states: {len(done)}/{count} shards kept from an interrupted run ({work})")

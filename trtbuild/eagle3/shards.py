@@ -77,6 +77,7 @@ def resumable(kind: str, key: str) -> Iterator[Path]:
     """The set's resume dir, held against `cache gc`, with the partial shards of killed runs removed."""
     directory = resume_dir(kind, key)
     with resume_in_use(directory):
+        directory.mkdir(parents=True, exist_ok=True)  # removed by a build that finished while we waited
         _drop_partials(directory)
         yield directory
 

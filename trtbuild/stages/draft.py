@@ -1,8 +1,9 @@
 """draft stage: an EAGLE-3 draft for the target, trained with ModelOpt or loaded and checked.
 
-Sources: `train` (ModelOpt `modelopt.torch.speculative` eagle3 mode, online, against the
-UNQUANTIZED target of the model stage: the hidden states TRT-LLM captures at serving come from
-the same weights up to quantization error, and ModelOpt trains on the BF16/FP32 model), `path`
+Sources: `train` (ModelOpt `modelopt.torch.speculative` eagle3 mode against the UNQUANTIZED target
+of the model stage: the hidden states TRT-LLM captures at serving come from the same weights up to
+quantization error, and ModelOpt trains on the BF16/FP32 model; online, or offline from hidden states
+dumped once into the cache: trtbuild/eagle3/hidden.py), `path`
 (a local draft directory) and `hub` (a repo id in the local HF cache, never downloaded); `none`
 builds no draft. Loaded drafts are checked against the target before anything else runs.
 The artifact holds `eagle3/` (the TRT-LLM EAGLE-3 checkpoint) and metrics with the acceptance
