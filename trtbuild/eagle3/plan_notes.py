@@ -1,5 +1,6 @@
-"""`trtbuild plan` lines for the draft's shard sets: whether the data and hidden states are reused, and
-the disk the hidden-state dump will take, computed before anything runs (nothing is loaded or written)."""
+"""`trtbuild plan` lines for offline draft training's shard sets: whether the data and hidden states are
+reused, and the disk the hidden-state dump will take, computed before anything runs (nothing is
+loaded or written)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from trtbuild.layout import DRAFT_DATA, DRAFT_HIDDEN
 
 def plan_notes(recipe: Any, steps: list[Any]) -> list[str]:
     draft = recipe.stage_config("draft")
-    if draft is None or getattr(draft, "source", None) != "train":
-        return []
+    if draft is None or getattr(draft, "source", None) != "train" or draft.hidden_states != "offline":
+        return []  # online training's pool is small next to the target; plan stays quiet about it
     model_key = next((s.key for s in steps if s.name == "model"), None)
     if model_key is None:
         return []
@@ -23,8 +24,6 @@ def plan_notes(recipe: Any, steps: list[Any]) -> list[str]:
     count = shards.shard_count(draft.samples, draft.shard_samples)
     notes = [f"draft data: {_status(DRAFT_DATA, key, count)} ({draft.samples} sequences x {draft.seq_len} "
              f"tokens, {count} shards)"]
-    if draft.hidden_states != "offline":
-        return notes
     dims = _target_dims(recipe)
     if dims is None:
         return [*notes, "draft hidden states (offline): the target's config is not readable yet; the disk "
