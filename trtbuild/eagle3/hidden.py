@@ -142,17 +142,21 @@ def capture(target: nn.Module, input_ids: torch.Tensor, aux_layers: list[int]) -
 
 def load_head_only(target_dir: Path, dtype: Any = None) -> nn.Module:
     """The target without its decoder layers: embeddings, final norm and lm_head, read from its
-    safetensors (the layers' tensors are never loaded). What offline training needs of it."""
+    safetensors (the layers' tensors are never loaded; ModelOpt 0.37 needs one: modelopt_compat).
+    What offline training needs of it."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging
 
+    from trtbuild.eagle3 import modelopt_compat
+
     config = AutoConfig.from_pretrained(str(target_dir))
     text = config.get_text_config()
+    keep = modelopt_compat.offline_base_layers()
     text.num_orig_hidden_layers = text.num_hidden_layers  # ModelOpt reads it when layers are gone
-    text.num_hidden_layers = 0
+    text.num_hidden_layers = keep
     if isinstance(getattr(text, "layer_types", None), list):
-        text.layer_types = []
+        text.layer_types = text.layer_types[:keep]
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # "weights not used": the decoder layers, on purpose
     try:
