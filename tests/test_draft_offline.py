@@ -230,6 +230,13 @@ def test_interrupted_data_step_keeps_its_shards_and_makes_the_same_pool(target: 
     assert torch.equal(load_pool(made.path), whole)
     again = ensure_data(config.model_copy(update={"lr": 0.5, "steps": 7}), target, "target-key", None, Progress())
     assert again.reused and again.path == made.path
+    damaged = made.path / shards.shard_name(4)  # a flipped byte: the set is made again, not trusted
+    raw = bytearray(damaged.read_bytes())
+    raw[-1] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    remade = ensure_data(config, target, "target-key", None, Progress())
+    assert not remade.reused and remade.computed == 5
+    assert torch.equal(load_pool(remade.path), whole)
 
 
 def _fingerprint(config: object) -> object:

@@ -59,7 +59,7 @@ def ensure_data(config: DraftConfig, target_dir: Path, target_key: str, base_dir
     from trtbuild.data.sources import fingerprint
 
     key = data_key(config, target_key, fingerprint(config.dataset, base_dir=base_dir))
-    found = shards.entry_dir(DRAFT_DATA, key)
+    found = shards.reuse(DRAFT_DATA, key)
     if found is not None:
         return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
     started = time.perf_counter()

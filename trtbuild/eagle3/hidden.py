@@ -63,7 +63,7 @@ def ensure_hidden(data: ShardSet, target_dir: Path, aux_layers: list[int], dtype
                   progress: Progress) -> ShardSet:
     """The hidden-state shard set of `data`'s pool: from the cache, or computed now (resuming)."""
     key = hidden_key(data.key, aux_layers, dtype)
-    found = shards.entry_dir(DRAFT_HIDDEN, key)
+    found = shards.reuse(DRAFT_HIDDEN, key)
     if found is not None:
         return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
     started = time.perf_counter()

@@ -40,6 +40,20 @@ def entry_dir(kind: str, key: str) -> Path | None:
     return entry.path if entry is not None else None
 
 
+def reuse(kind: str, key: str) -> Path | None:
+    """The finished set for a build: checked against its manifest (a damaged one is removed and made
+    again) and marked used for `cache gc --older-than`. `entry_dir` is the look that touches nothing."""
+    cache = ArtifactCache(default_root())
+    entry = cache.lookup(kind, key)
+    if entry is None:
+        return None
+    if cache.damage(entry, record=True) is not None:
+        cache.remove(entry)
+        return None
+    cache.touch(entry)
+    return entry.path
+
+
 def resume_dir(kind: str, key: str) -> Path:
     return default_root() / RESUME / f"{kind}-{key}"
 
