@@ -81,9 +81,7 @@ def ensure_hidden(data: ShardSet, target_dir: Path, aux_layers: list[int], dtype
         with progress.task("draft: dumping hidden states", len(todo)) as bar:
             for index in todo:
                 if target is None:
-                    from trtbuild.eagle3.model import load_target
-
-                    target = load_target(target_dir)
+                    target = _dump_target(target_dir)
                 ids = _data_shard(data.path, index)
                 tensors = capture(target, ids, aux_layers)
                 write_dump_shard(work, index, {IDS: ids, AUX: tensors[AUX].to(_dtype(dtype)),
@@ -100,6 +98,17 @@ def ensure_hidden(data: ShardSet, target_dir: Path, aux_layers: list[int], dtype
 
 def write_dump_shard(directory: Path, index: int, tensors: dict[str, torch.Tensor]) -> Path:
     return shards.write_shard(directory, index, tensors)
+
+
+def _dump_target(target_dir: Path) -> nn.Module:
+    """The whole target, once: float32 on CPU; on a GPU host bfloat16 on CUDA (not run here: no GPU)."""
+    import torch
+
+    from trtbuild.eagle3.model import load_target
+
+    if torch.cuda.is_available():
+        return load_target(target_dir, dtype=torch.bfloat16).to("cuda")
+    return load_target(target_dir)
 
 
 def _data_shard(data_entry: Path, index: int) -> torch.Tensor:
@@ -131,9 +140,10 @@ def capture(target: nn.Module, input_ids: torch.Tensor, aux_layers: list[int]) -
         with torch.no_grad():
             for start in range(0, len(input_ids), FORWARD_ROWS):
                 captured.clear()
-                out = target(input_ids=input_ids[start:start + FORWARD_ROWS], output_hidden_states=True)
-                aux.append(torch.cat(captured, dim=-1))
-                final.append(out.hidden_states[-1])
+                rows = input_ids[start:start + FORWARD_ROWS].to(target.device)
+                out = target(input_ids=rows, output_hidden_states=True)
+                aux.append(torch.cat(captured, dim=-1).cpu())
+                final.append(out.hidden_states[-1].cpu())
     finally:
         for handle in handles:
             handle.remove()
