@@ -1,12 +1,12 @@
 """Online vs offline EAGLE-3 training side by side: tau over seeds, dump time, train step time.
 
     python bench/draft_offline.py TARGET_HF_DIR OUT_DIR [--seeds 0,1,2] [--steps 60] [--samples 96]
-        [--seq-len 64] [--timing-steps 10]
+        [--seq-len 64] [--timing-steps 20] [--timing-only]
 
 For each seed the draft stage runs online, then offline (the same data set: its key holds no
 training setting, so the second run reuses it and adds the hidden-state dump). Then the two training
-steps are timed interleaved on the same batches (one online step, one offline step, repeated), so a
-busy machine slows both alike; the ratio is what this prints. The cache is OUT_DIR/cache.
+steps are timed interleaved on the same batches (one online step, one offline step, the order
+swapped every step), so a busy machine slows both alike; the ratio is what this prints. The cache is OUT_DIR/cache.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ def _interleaved_steps(args: argparse.Namespace, target: Path) -> tuple[list[flo
     optims = {m: torch.optim.AdamW(draft_parameters(model), lr=1e-4) for m, model in models.items()}
     times: dict[str, list[float]] = {"online": [], "offline": []}
     generator = torch.Generator().manual_seed(0)
-    for _ in range(args.timing_steps):
+    for step in range(args.timing_steps):
         rows = torch.randint(0, len(pool), (8,), generator=generator)
-        for mode, model in models.items():
+        order = list(models.items()) if step % 2 == 0 else list(models.items())[::-1]  # neither always first
+        for mode, model in order:
             model.train()
             started = time.perf_counter()
             inputs = store.batch(rows) if mode == "offline" else {"input_ids": pool[rows]}
@@ -98,10 +99,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--timing-steps", type=int, default=10)
+    parser.add_argument("--timing-steps", type=int, default=20)
+    parser.add_argument("--timing-only", action="store_true", help="only the interleaved step timing, on "
+                        "the shard sets an earlier run left in OUT")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=False)
     os.environ["TRTBUILD_CACHE"] = str(args.out / "cache")
+    if args.timing_only:  # the step timing again, on the shard sets of an earlier run into OUT
+        _print_timing(args, *_interleaved_steps(args, args.target))
+        return
+    args.out.mkdir(parents=True, exist_ok=False)
     model_dir = args.out / "model"
     model_dir.mkdir()
     (model_dir / "hf").symlink_to(args.target.resolve())
@@ -119,6 +125,10 @@ def main() -> None:
               f"{off['step_s']} |")
     taus = [r["tau"] for r in rows if r["mode"] == "online"]
     print(f"\nonline tau spread over seeds {args.seeds}: {min(taus)} .. {max(taus)}")
+    _print_timing(args, online, offline)
+
+
+def _print_timing(args: argparse.Namespace, online: list[float], offline: list[float]) -> None:
     med_on, med_off = statistics.median(online), statistics.median(offline)
     print(f"interleaved train step, median of {args.timing_steps}: online {med_on:.4f} s, offline "
           f"{med_off:.4f} s, online/offline {med_on / med_off:.2f}x")
