@@ -62,7 +62,7 @@ def _interleaved_steps(args: argparse.Namespace, target: Path) -> tuple[list[flo
     import torch
 
     from trtbuild.eagle3.draft_data import load_pool
-    from trtbuild.eagle3.hidden import HiddenStore, load_head_only
+    from trtbuild.eagle3.hidden_store import HiddenStore, load_head_only
     from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, draft_parameters, load_target
 
     cache = args.out / "cache"

@@ -30,7 +30,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.trtllm11  # ModelOpt 0.37 too (it keeps one decoder layer: modelopt_compat.offline_base_layers)
 def test_head_only_target_holds_the_embeddings_norm_and_lm_head(target: Path) -> None:
-    from trtbuild.eagle3.hidden import load_head_only
+    from trtbuild.eagle3.hidden_store import load_head_only
     from trtbuild.eagle3.model import load_target
 
     full, head = load_target(target), load_head_only(target)
@@ -48,7 +48,8 @@ def test_head_only_target_holds_the_embeddings_norm_and_lm_head(target: Path) ->
 def test_offline_inputs_give_the_online_loss(target: Path) -> None:
     """One ModelOpt forward on the same batch and the same draft weights: online (the target runs)
     and offline (the captured tensors, head-only target) agree on the loss and the accuracies."""
-    from trtbuild.eagle3.hidden import capture, load_head_only
+    from trtbuild.eagle3.hidden import capture
+    from trtbuild.eagle3.hidden_store import load_head_only
     from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
 
     batch = torch.randint(3, 384, (3, 24), generator=torch.Generator().manual_seed(0))
@@ -243,3 +244,14 @@ def _fingerprint(config: object) -> object:
     from trtbuild.data.sources import fingerprint
 
     return fingerprint(config.dataset, base_dir=None)  # type: ignore[attr-defined]
+
+
+def test_the_shards_keys_do_not_follow_the_training_code() -> None:
+    """The data and the dump are keyed by the code that makes them: editing the draft's training
+    (model, loop, ModelOpt adaptation) or adding a recipe field keeps the shards."""
+    from trtbuild.code_version import closure
+
+    for module in ("trtbuild.eagle3.draft_data", "trtbuild.eagle3.hidden"):
+        reached = set(closure(module))
+        assert not reached & {"trtbuild.eagle3.model", "trtbuild.eagle3.train", "trtbuild.eagle3.config",
+                              "trtbuild.eagle3.modelopt_compat", "trtbuild.eagle3.hidden_store"}, (module, reached)

@@ -75,7 +75,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     pool = load_pool(data.path)
     features, hidden = None, None
     if config.hidden_states == "offline":
-        from trtbuild.eagle3.hidden import HiddenStore, batches, ensure_hidden, load_head_only
+        from trtbuild.eagle3.hidden import ensure_hidden
+        from trtbuild.eagle3.hidden_store import HiddenStore, batches, load_head_only
 
         hidden = ensure_hidden(data, target_dir, aux_layers, config.hidden_states_dtype, ctx.progress)
         features = batches(HiddenStore(hidden.path))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +39,16 @@ class DataPlan:
     # Chat sources: the requests as the served endpoint renders them (trtbuild.data.chat); the
     # generated part of the pool then continues these instead of random text windows.
     chat_prompts: list[list[int]] | None = None
+
+
+def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The whole target, in eval mode (here, not in model.py, so the data's code version does not
+    follow the draft's training code)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, use_safetensors=True)
+    model.eval()
+    return model
 
 
 @torch.no_grad()

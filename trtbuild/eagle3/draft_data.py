@@ -27,11 +27,11 @@ from trtbuild.layout import DRAFT_DATA
 if TYPE_CHECKING:
     import torch
 
-    from trtbuild.eagle3.config import DraftConfig
     from trtbuild.eagle3.data import Generate
     from trtbuild.progress import Progress
 
-# The DraftConfig fields that shape the pool (everything else, lr and steps included, does not).
+# The DraftConfig fields that shape the pool (everything else, lr and steps included, does not). The
+# config is typed Any here: importing DraftConfig would put all of config.py in the data's key.
 DATA_FIELDS = ("dataset", "samples", "seq_len", "distill_fraction", "prompt_len", "seed", "shard_samples")
 
 
@@ -45,7 +45,7 @@ class ShardSet:
     seconds: float
 
 
-def data_key(config: DraftConfig, target_key: str, dataset_fingerprint: Any) -> str:
+def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
     from trtbuild.code_version import code_version
 
     fields = config.model_dump(mode="json", include=set(DATA_FIELDS))
@@ -53,7 +53,7 @@ def data_key(config: DraftConfig, target_key: str, dataset_fingerprint: Any) -> 
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def ensure_data(config: DraftConfig, target_dir: Path, target_key: str, base_dir: Path | None,
+def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path | None,
                 progress: Progress) -> ShardSet:
     """The pool's shard set: from the cache, or made now (resuming a killed run's shards)."""
     from trtbuild.data.sources import fingerprint
@@ -101,7 +101,7 @@ def _shard_range(index: int, rows: int, shard_rows: int) -> tuple[int, int]:
     return index * shard_rows, min(rows, (index + 1) * shard_rows)
 
 
-def _pool_spec(config: DraftConfig, target_dir: Path, base_dir: Path | None) -> Any:
+def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None) -> Any:
     from transformers import AutoTokenizer
 
     from trtbuild.data.sources import joiner, load_texts
@@ -116,7 +116,7 @@ def _pool_spec(config: DraftConfig, target_dir: Path, base_dir: Path | None) -> 
     return pool_spec(tokenizer, texts, plan)
 
 
-def chat_requests(config: DraftConfig, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
+def chat_requests(config: Any, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
     """The chat records of the training source as served requests (None for a text source)."""
     from trtbuild.data.chat import chat_prompt_ids, request_messages
     from trtbuild.data.sources import load_records
@@ -138,8 +138,7 @@ def target_generator(target_dir: Path) -> Generate:
     """Greedy continuation by the target: TensorRT-LLM or transformers on CUDA, transformers on CPU."""
     import torch
 
-    from trtbuild.eagle3.data import greedy_continue
-    from trtbuild.eagle3.model import load_target
+    from trtbuild.eagle3.data import greedy_continue, load_target
 
     if torch.cuda.is_available():
         llm = _trtllm_generator(target_dir)

@@ -13,7 +13,8 @@ first two and the token ids, and training loads the target's embeddings, final n
 
 Shard i of the dump is shard i of the data set (the same rows), so shards are independent by index
 (any process may compute any of them). Key: the data set's key, the captured layers, the storage
-dtype and this code; never a training setting.
+dtype and this code; never a training setting. Reading the shards back for training lives in
+trtbuild/eagle3/hidden_store.py, so editing the training side leaves the dump's key alone.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +104,7 @@ def _dump_target(target_dir: Path) -> nn.Module:
     """The whole target, once: float32 on CPU; on a GPU host bfloat16 on CUDA (not run here: no GPU)."""
     import torch
 
-    from trtbuild.eagle3.model import load_target
+    from trtbuild.eagle3.data import load_target
 
     if torch.cuda.is_available():
         return load_target(target_dir, dtype=torch.bfloat16).to("cuda")
@@ -148,71 +148,3 @@ def capture(target: nn.Module, input_ids: torch.Tensor, aux_layers: list[int]) -
         for handle in handles:
             handle.remove()
     return {AUX: torch.cat(aux), FINAL: torch.cat(final)}
-
-
-def load_head_only(target_dir: Path, dtype: Any = None) -> nn.Module:
-    """The target without its decoder layers: embeddings, final norm and lm_head, read from its
-    safetensors (the layers' tensors are never loaded; ModelOpt 0.37 needs one: modelopt_compat).
-    What offline training needs of it."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging
-
-    from trtbuild.eagle3 import modelopt_compat
-
-    config = AutoConfig.from_pretrained(str(target_dir))
-    text = config.get_text_config()
-    keep = modelopt_compat.offline_base_layers()
-    text.num_orig_hidden_layers = text.num_hidden_layers  # ModelOpt reads it when layers are gone
-    text.num_hidden_layers = keep
-    if isinstance(getattr(text, "layer_types", None), list):
-        text.layer_types = text.layer_types[:keep]
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # "weights not used": the decoder layers, on purpose
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(target_dir), config=config,
-                                                     dtype=dtype or torch.float32, use_safetensors=True)
-    finally:
-        logging.set_verbosity(verbosity)
-    model.eval()
-    return model
-
-
-class HiddenStore:
-    """Rows of a hidden-state shard set, read per batch (safetensors slices: only those rows)."""
-
-    def __init__(self, entry: Path) -> None:
-        self.entry = entry
-        self.meta = shards.read_meta(entry)
-        self.shard_rows = int(self.meta["shard_samples"])
-        self._open: dict[int, Any] = {}
-
-    def _shard(self, index: int) -> Any:
-        from safetensors import safe_open
-
-        if index not in self._open:
-            self._open[index] = safe_open(str(self.entry / shards.shard_name(index)), framework="pt")
-        return self._open[index]
-
-    def input_ids(self) -> torch.Tensor:
-        import torch
-
-        return torch.cat([self._shard(i).get_tensor(IDS) for i in range(int(self.meta["shards"]))])
-
-    def batch(self, rows: torch.Tensor, device: Any = "cpu") -> dict[str, Any]:
-        """Model kwargs for these pool rows: input_ids and base_model_outputs (float32)."""
-        import torch
-
-        parts: dict[str, list[torch.Tensor]] = {IDS: [], AUX: [], FINAL: []}
-        for row in rows.tolist():
-            shard, offset = divmod(row, self.shard_rows)
-            handle = self._shard(shard)
-            for name in parts:
-                parts[name].append(handle.get_slice(name)[offset:offset + 1])
-        ids = torch.cat(parts[IDS]).to(device)
-        outputs = {name: torch.cat(parts[name]).to(device=device, dtype=torch.float32) for name in (AUX, FINAL)}
-        return {"input_ids": ids, "base_model_outputs": outputs}
-
-
-def batches(store: HiddenStore, device: Any = "cpu") -> Callable[[torch.Tensor], dict[str, Any]]:
-    return lambda rows: store.batch(rows, device)
