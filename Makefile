@@ -17,7 +17,7 @@ BENCH_ARGS ?=
 VENV11 := .venv-trtllm11
 STAMP11 := $(VENV11)/.installed
 # Only these modules are collected there (the rest import triton / pytriton, absent from that stack).
-TESTS11 ?= tests/test_contract.py tests/test_trtllm11_stages.py
+TESTS11 ?= tests/test_contract.py tests/test_trtllm11_stages.py tests/test_draft_offline.py
 # `make bench` also load-tests a server with AIPerf: `local` serves the recipe's deployment for the
 # run; an OpenAI base URL (http://HOST:PORT/v1, e.g. trtllm-serve on a GPU host) loads that server;
 # empty skips it.

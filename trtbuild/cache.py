@@ -69,9 +69,10 @@ class Entry:
 
 
 def _stage_dir_names() -> tuple[str, ...]:
-    from trtbuild.layout import STAGE_ORDER
+    """The stage directories and the draft's shard sets (trtbuild/eagle3/shards.py): entries alike."""
+    from trtbuild.layout import SHARD_SETS, STAGE_ORDER
 
-    return tuple(STAGE_ORDER)
+    return (*STAGE_ORDER, *SHARD_SETS)
 
 
 class ArtifactCache:

@@ -93,8 +93,10 @@ def plan(recipe: str, overrides: tuple[str, ...], until: str | None, force: tupl
     from trtbuild.trtllm import plugin_module
 
     found = target_hf_config(loaded)
+    from trtbuild.eagle3 import plan_notes as draft_notes
+
     data["notes"] = (plan_notes(loaded) + plugin_module.plan_notes(loaded, found[0] if found else None)
-                     + structure_notes(loaded))
+                     + structure_notes(loaded) + draft_notes.plan_notes(loaded, steps))
     if as_json:
         _print_json(data)
     else:

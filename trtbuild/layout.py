@@ -10,6 +10,11 @@ from pathlib import Path
 
 # The cache's stage directories, in pipeline order (trtbuild.stages registers a Stage for each).
 STAGE_ORDER = ("model", "quantize", "draft", "engine", "deploy")
+# Cache directories of the draft stage's shard sets (trtbuild/eagle3/shards.py), entries like a stage's:
+# the target's regenerated training data, and the captured hidden states of offline training.
+DRAFT_DATA = "draft-data"
+DRAFT_HIDDEN = "draft-hidden"
+SHARD_SETS = (DRAFT_DATA, DRAFT_HIDDEN)
 
 MODEL_HF = "hf"  # model stage: the target's Hugging Face directory (a link for path / hub sources)
 QUANTIZED_HF = "hf"  # quantize stage: ModelOpt's unified Hugging Face export

@@ -1,18 +1,20 @@
-"""source: train, end to end: data -> vocab calibration -> ModelOpt conversion -> training -> export.
+"""source: train, end to end: data -> (offline: hidden states) -> vocab calibration -> ModelOpt
+conversion -> training -> export.
 
 Training runs in this process (`draft.train` at one process: CPU float32, or CUDA with a bf16 target)
 or in torchrun ranks (eagle3/distributed.py) that start from this process's converted draft and hand
 the trained weights back; either way this process exports.
 
-The training pool and the training state live in the resume dir, so a killed build restarts from
-its last checkpoint; the resume dir is removed once the export is complete.
+The training pool (trtbuild/eagle3/draft_data.py) and, offline, the target's hidden states
+(trtbuild/eagle3/hidden.py) are shard sets of their own in the cache; the training state lives in
+the resume dir, so a killed build restarts from its last checkpoint; the resume dir is removed once
+the export is complete.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from trtbuild.eagle3.config import DraftConfig
     from trtbuild.stage_api import StageContext
 
-POOL_FILE = "pool.safetensors"  # a tensor file, never a pickle: the resume dir lies in the cache
+RANK_POOL_FILE = "pool.safetensors"  # the pool as the ranks read it (resume dir); never a pickle
 TRAIN_LOG = "train_log.json"  # in the artifact: the global batch's loss at every step, where it ran
 
 
@@ -42,19 +44,6 @@ def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
     return sorted(config.aux_layers)
 
 
-def _load_pool(path: Path) -> Any:
-    """The saved training pool, or None when absent or unreadable (then it is built again)."""
-    if not path.is_file():
-        return None
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path)).get("pool")
-    except (OSError, SafetensorError):
-        return None
-
-
 def _export_dtype(config: DraftConfig, target: Any) -> str:
     if config.export_dtype != "auto":
         return config.export_dtype
@@ -67,14 +56,12 @@ def _export_dtype(config: DraftConfig, target: Any) -> str:
 
 
 def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: Path,
-                resume: Path) -> dict[str, Any]:
+                resume: Path, target_key: str = "") -> dict[str, Any]:
     import torch
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig
 
-    from trtbuild.data.sources import joiner, load_texts
     from trtbuild.eagle3.compat import check_compatible
-    from trtbuild.eagle3.data import DataPlan, build_pool
+    from trtbuild.eagle3.draft_data import ensure_data, load_pool
     from trtbuild.eagle3.export import export_draft
     from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.eagle3.modelopt_compat import effective_ttt_steps, ignored_settings
@@ -82,11 +69,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     from trtbuild.eagle3.vocab import calibrate_d2t
 
     torch.manual_seed(config.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    target = load_target(target_dir)
-    text_config = target.config.get_text_config()
+    text_config = AutoConfig.from_pretrained(str(target_dir)).get_text_config()
     vocab_size, num_layers = int(text_config.vocab_size), int(text_config.num_hidden_layers)
-    export_dtype = _export_dtype(config, target)
     aux_layers = resolve_aux_layers(config, num_layers)
     draft_vocab = config.draft_vocab_size or vocab_size
     if draft_vocab > vocab_size:
@@ -94,27 +78,29 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
                         field="draft.draft_vocab_size", fix=f"use at most {vocab_size}")
 
     resume.mkdir(parents=True, exist_ok=True)
-    pool_file = resume / POOL_FILE
-    started = time.perf_counter()
-    pool = _load_pool(pool_file)
-    if pool is None:
-        texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=ctx.recipe.base_dir)
-        plan = DataPlan(samples=config.samples, seq_len=config.seq_len,
-                        distill_fraction=config.distill_fraction, prompt_len=config.prompt_len,
-                        seed=config.seed, separator=joiner(config.dataset, ctx.recipe.base_dir),
-                        chat_prompts=chat_requests(config, tokenizer, ctx.recipe.base_dir))
-        pool = build_pool(target, tokenizer, texts, plan, ctx.progress)
-        tmp = pool_file.with_name(f".{pool_file.name}.tmp")
-        save_file({"pool": pool.contiguous()}, str(tmp))
-        tmp.replace(pool_file)
-    data_seconds = time.perf_counter() - started
+    # The pool and (offline) the hidden states are shard sets of their own in the cache, keyed without
+    # the training settings: another lr or step count finds them again.
+    data = ensure_data(config, target_dir, target_key or str(target_dir), ctx.recipe.base_dir, ctx.progress)
+    pool = load_pool(data.path)
+    features, hidden = None, None
+    if config.hidden_states == "offline":
+        from trtbuild.eagle3.hidden import ensure_hidden
+        from trtbuild.eagle3.hidden_store import HiddenStore, batches, load_head_only
+
+        hidden = ensure_hidden(data, target_dir, aux_layers, config.hidden_states_dtype, ctx.progress)
+        features = batches(HiddenStore(hidden.path))
+        target = load_head_only(target_dir)
+    else:
+        target = load_target(target_dir)
+    torch.manual_seed(config.seed)  # the draft's initialisation does not depend on what ran before
+    export_dtype = _export_dtype(config, target)
 
     d2t, coverage = None, 1.0
     if draft_vocab < vocab_size:
         d2t, coverage = calibrate_d2t(pool.flatten().tolist(), vocab_size, draft_vocab)
     arch = DraftArch(aux_layers=aux_layers, draft_vocab_size=draft_vocab,
                      intermediate_size=config.intermediate_size, ttt_steps=config.ttt_steps,
-                     loss_decay=config.loss_decay)
+                     loss_decay=config.loss_decay, offline=config.hidden_states == "offline")
     model = convert_to_eagle3(target, arch, d2t)
     for note in ignored_settings(config.ttt_steps, config.loss_decay):
         ctx.progress.log(f"draft: {note} (the TensorRT-LLM 1.1 container's release)")
@@ -128,9 +114,10 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         if placement["target_dtype"] != "float32":  # frozen target in bf16; the draft trains in float32
             model.to(getattr(torch, placement["target_dtype"]))
             model.eagle_module.float()
-        result = asdict(train(model, pool, plan, resume, ctx.progress))
+        result = asdict(train(model, pool, plan, resume, ctx.progress, features))
     else:
-        result = train_distributed(config, ctx, model, plan, placement, target_dir, resume, arch)
+        result = train_distributed(config, ctx, model, plan, placement, target_dir, resume, arch, pool,
+                                   hidden.path if hidden is not None else None)
     model.to("cpu")
     exported = export_draft(model, out, target_dir=target_dir, dtype=export_dtype)
     check_compatible(out, target_dir, where="draft")  # our own export must pass the loader's checks
@@ -142,9 +129,10 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     metrics = {
         "train_steps": result["steps"],
         "train_seconds": round(result["seconds"], 1),
+        "train_step_seconds": round(result["seconds"] / max(1, result["steps"] - result["resumed_from"]), 4),
         "train_processes": result["world_size"],
         "train_device": placement["device"],
-        "data_seconds": round(data_seconds, 1),
+        "data_seconds": round(data.seconds, 1),
         "train_loss": round(result["final_loss"], 4),
         "train_step_accuracy": [round(a, 4) for a in result["step_accuracy"]],
         "train_estimated_tau": round(result["estimated_tau"], 3),
@@ -152,11 +140,24 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         "pool_sequences": int(pool.shape[0]),
         "pool_tokens": int(pool.numel()),
     }
-    info = {"resumed_from_step": result["resumed_from"], "export": exported,
-            "trainer": "modelopt.torch.speculative eagle3 (online, frozen target)"
-                       + (f", DDP over {result['world_size']} processes" if result["world_size"] > 1 else ""),
-            "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps)}
+    info: dict[str, Any] = {
+        "resumed_from_step": result["resumed_from"], "export": exported,
+        "trainer": f"modelopt.torch.speculative eagle3 ({config.hidden_states}, frozen target)"
+                   + (f", DDP over {result['world_size']} processes" if result["world_size"] > 1 else ""),
+        "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps),
+        "data": _set_info(data)}
+    if hidden is not None:
+        from trtbuild.eagle3.shards import shard_bytes
+
+        metrics["dump_seconds"] = round(hidden.seconds, 1)
+        metrics["hidden_states_bytes"] = shard_bytes(hidden.path)
+        info["hidden_states"] = _set_info(hidden)
     return {"metrics": metrics, "info": info}
+
+
+def _set_info(found: Any) -> dict[str, Any]:
+    return {"path": str(found.path), "key": found.key, "reused": found.reused, "shards_computed": found.computed,
+            "shards_kept": found.kept}
 
 
 def training_placement(config: DraftConfig) -> dict[str, Any]:
@@ -180,8 +181,12 @@ def training_placement(config: DraftConfig) -> dict[str, Any]:
 
 
 def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: Any, placement: dict[str, Any],
-                      target_dir: Path, resume: Path, arch: Any) -> dict[str, Any]:
-    """Launch the ranks (torchrun; under Slurm for several nodes), then load the trained draft into `model`."""
+                      target_dir: Path, resume: Path, arch: Any, pool: Any, hidden_dir: Path | None
+                      ) -> dict[str, Any]:
+    """Launch the ranks (torchrun; under Slurm for several nodes), then load the trained draft into `model`.
+    Offline (`hidden_dir`), each rank reads the hidden-state shards and holds only the target's head."""
+    from safetensors.torch import save_file
+
     from trtbuild.eagle3 import distributed as dist_train
 
     settings = config.train
@@ -190,10 +195,15 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
         ctx.progress.log(f"draft: using the finished distributed training in {resume}")
         done["resumed_from"] = done["steps"]
         return done
+    pool_file = resume / RANK_POOL_FILE
+    tmp = pool_file.with_name(f".{pool_file.name}.tmp")
+    save_file({"pool": pool.contiguous()}, str(tmp))
+    tmp.replace(pool_file)
     job = dist_train.TrainJob(target_dir=str(target_dir.resolve()), resume_dir=str(resume.resolve()),
-                              pool_file=str((resume / POOL_FILE).resolve()), arch=asdict(arch),
+                              pool_file=str(pool_file.resolve()), arch=asdict(arch),
                               plan=asdict(plan), target_dtype=placement["target_dtype"],
-                              backend=placement["backend"])
+                              backend=placement["backend"],
+                              hidden_dir=str(hidden_dir.resolve()) if hidden_dir is not None else None)
     job_file = dist_train.write_job(job, model)
     what = f"draft: training EAGLE-3 ({settings.processes} processes x {settings.nodes} nodes, {placement['backend']})"
     if settings.nodes == 1:
@@ -219,11 +229,3 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
                          fix=f"see {resume / dist_train.LAUNCH_LOG}")
     return result
 
-
-def chat_requests(config: DraftConfig, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
-    """The chat records of the training source as served requests (None for a text source)."""
-    from trtbuild.data.chat import chat_prompt_ids, request_messages
-    from trtbuild.data.sources import load_records
-
-    chats = [r for r in load_records(config.dataset, "train", base_dir=base_dir) if isinstance(r, list)]
-    return [chat_prompt_ids(tokenizer, request_messages(c)) for c in chats] or None

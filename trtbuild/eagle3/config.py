@@ -113,6 +113,16 @@ class DraftConfig(StageConfig):
         default="auto", description="dtype of the exported draft; auto: the target's.")
     gate: DraftGate = Field(default_factory=DraftGate, description="Build gate on the acceptance length.")
     eval: DraftEval = Field(default_factory=DraftEval, description="Acceptance evaluation on held-out text.")
+    hidden_states: Literal["online", "offline"] = Field(
+        default="online", description="online: the frozen target runs in every training step (ModelOpt's "
+        "default); offline: the captured layers' hidden states and the target's final hidden state are "
+        "computed once into safetensors shards in the cache (reused when only training settings change) "
+        "and training loads only the target's embeddings, final norm and lm_head.")
+    hidden_states_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="hidden_states: offline: how the shards store the hidden states "
+        "(bfloat16 halves the disk; training computes in float32 either way).")
+    shard_samples: int = Field(default=128, ge=1, le=1 << 20, description="Sequences per shard of the "
+                               "regenerated data and of the hidden-state dump (the unit a killed run keeps).")
 
     @model_validator(mode="after")
     def _source_fields(self) -> DraftConfig:

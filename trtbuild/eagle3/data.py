@@ -15,7 +15,9 @@ BOS-less windows of EOS-joined paragraphs read features at serving it had never 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +41,16 @@ class DataPlan:
     chat_prompts: list[list[int]] | None = None
 
 
+def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The whole target, in eval mode (here, not in model.py, so the data's code version does not
+    follow the draft's training code)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, use_safetensors=True)
+    model.eval()
+    return model
+
+
 @torch.no_grad()
 def greedy_continue(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """prompts [B, P] -> [B, P + new_tokens], greedy with a KV cache (through EOS: the target's
@@ -55,55 +67,78 @@ def greedy_continue(model: nn.Module, prompts: torch.Tensor, new_tokens: int) ->
     return torch.cat([prompts, *generated], dim=1)
 
 
-def build_pool(model: nn.Module, tokenizer: Any, texts: list[str], plan: DataPlan,
-               progress: Progress) -> torch.Tensor:
-    """LongTensor [samples, seq_len]: text windows followed by generated sequences."""
+@dataclass
+class PoolSpec:
+    """What every row of the pool is, decided up front (cheap, deterministic in the seed), so rows can
+    be made in any order and any shard: text windows first, then prompts the target continues."""
+
+    windows: torch.Tensor  # [n_text, seq_len]: rows 0..n_text-1, copied as they are
+    prompts: list[list[int]]  # rows n_text..: each continued greedily to seq_len tokens
+    seq_len: int
+
+    def __len__(self) -> int:
+        return len(self.windows) + len(self.prompts)
+
+
+def pool_spec(tokenizer: Any, texts: list[str], plan: DataPlan) -> PoolSpec:
     from trtbuild.data.sources import token_windows
 
     n_distill = round(plan.samples * plan.distill_fraction)
     n_text = plan.samples - n_distill
-    parts = []
-    if n_text:
-        parts.append(token_windows(tokenizer, texts, n_text, plan.seq_len, plan.seed, bos=plan.bos,
-                                   separator=plan.separator))
+    windows = (token_windows(tokenizer, texts, n_text, plan.seq_len, plan.seed, bos=plan.bos,
+                             separator=plan.separator) if n_text
+               else torch.zeros(0, plan.seq_len, dtype=torch.long))
+    prompts: list[list[int]] = []
     if n_distill and plan.chat_prompts:
-        parts.append(chat_responses(model, plan.chat_prompts, n_distill, plan, progress))
+        prompts = chat_prompt_rows(plan.chat_prompts, n_distill, plan)
     elif n_distill:
         prompt_len = min(plan.prompt_len, plan.seq_len - 1)
         prompts = token_windows(tokenizer, texts, n_distill, prompt_len, plan.seed + 1, bos=plan.bos,
-                                separator=plan.separator)
-        generated = []
-        with progress.task("draft: target continuations", n_distill) as bar:
-            for start in range(0, n_distill, plan.gen_batch):
-                batch = prompts[start:start + plan.gen_batch]
-                generated.append(greedy_continue(model, batch, plan.seq_len - prompt_len))
-                bar.advance(len(batch))
-        parts.append(torch.cat(generated))
-    return torch.cat(parts)
+                                separator=plan.separator).tolist()
+    return PoolSpec(windows=windows, prompts=prompts, seq_len=plan.seq_len)
 
 
-def chat_responses(model: nn.Module, requests: list[list[int]], count: int, plan: DataPlan,
-                   progress: Progress) -> torch.Tensor:
-    """LongTensor [count, seq_len]: chat requests (cycled in a seeded order) each followed by the
-    target's own greedy answer. At serving the draft speculates the answer that follows the chat
-    template's open assistant turn; random windows of rendered chats rarely start a reply there,
-    so they train the draft on features it does not meet after a request (bench/RESULTS.md,
-    "SmolLM2: the first draft position"). Requests longer than seq_len - 8 are cut to their end."""
+def chat_prompt_rows(requests: list[list[int]], count: int, plan: DataPlan) -> list[list[int]]:
+    """Chat requests (cycled in a seeded order), each to be followed by the target's own greedy answer.
+    At serving the draft speculates the answer that follows the chat template's open assistant turn;
+    random windows of rendered chats rarely start a reply there, so they train the draft on features
+    it does not meet after a request (bench/RESULTS.md, "SmolLM2: the first draft position").
+    Requests longer than seq_len - 8 are cut to their end."""
     generator = torch.Generator().manual_seed(plan.seed + 1)
     order = torch.randperm(len(requests), generator=generator).tolist()
     keep = plan.seq_len - 8
-    picked = [requests[order[i % len(order)]][-keep:] for i in range(count)]
+    return [requests[order[i % len(order)]][-keep:] for i in range(count)]
+
+
+Generate = Callable[[torch.Tensor, int], torch.Tensor]  # prompts [B, P], new tokens -> [B, P + new]
+
+
+def make_rows(spec: PoolSpec, start: int, stop: int, generate: Generate | None, gen_batch: int,
+              advance: Callable[[int], None] = lambda n: None) -> torch.Tensor:
+    """Rows start..stop-1 of the pool [stop - start, seq_len]; prompts of one length are generated
+    together in batches of gen_batch (`generate` may be None when the range holds no prompt)."""
+    n_text = len(spec.windows)
+    rows: list[torch.Tensor | None] = [None] * (stop - start)
+    for i in range(start, min(stop, n_text)):
+        rows[i - start] = spec.windows[i]
     by_length: dict[int, list[int]] = {}
-    for i, ids in enumerate(picked):
-        by_length.setdefault(len(ids), []).append(i)
-    rows: list[torch.Tensor | None] = [None] * count
-    with progress.task("draft: target answers to chat requests", count) as bar:
-        for length, members in sorted(by_length.items()):
-            for start in range(0, len(members), plan.gen_batch):
-                chunk = members[start:start + plan.gen_batch]
-                prompts = torch.tensor([picked[i] for i in chunk], dtype=torch.long)
-                out = greedy_continue(model, prompts, plan.seq_len - length)
-                for i, row in zip(chunk, out, strict=True):
-                    rows[i] = row
-                bar.advance(len(chunk))
+    for i in range(max(start, n_text), stop):
+        by_length.setdefault(len(spec.prompts[i - n_text]), []).append(i)
+    for length, members in sorted(by_length.items()):
+        assert generate is not None, "rows with prompts need a generator"
+        for first in range(0, len(members), gen_batch):
+            chunk = members[first:first + gen_batch]
+            prompts = torch.tensor([spec.prompts[i - n_text] for i in chunk], dtype=torch.long)
+            for i, row in zip(chunk, generate(prompts, spec.seq_len - length), strict=True):
+                rows[i - start] = row
+            advance(len(chunk))
     return torch.stack([r for r in rows if r is not None])
+
+
+def build_pool(model: nn.Module, tokenizer: Any, texts: list[str], plan: DataPlan,
+               progress: Progress) -> torch.Tensor:
+    """LongTensor [samples, seq_len]: text windows followed by generated sequences."""
+    spec = pool_spec(tokenizer, texts, plan)
+    with progress.task("draft: target continuations", len(spec.prompts)) as bar:
+        return make_rows(spec, 0, len(spec), lambda p, n: greedy_continue(model, p, n), plan.gen_batch,
+                         lambda n: bar.advance(n))

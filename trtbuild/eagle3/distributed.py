@@ -44,6 +44,7 @@ class TrainJob:
     plan: dict[str, Any]  # train.TrainPlan fields, device "cpu" or "cuda" (the rank adds its index)
     target_dtype: str  # how each rank loads the target: float32 (CPU) or bfloat16 (CUDA)
     backend: str  # gloo | nccl
+    hidden_dir: str | None = None  # offline: the hidden-state shard set the ranks train from
 
 
 def resolve_device(device: str) -> str:
@@ -277,12 +278,19 @@ def run_rank(job_file: Path) -> None:
     try:
         rank = dist.get_rank()
         init = load_file(str(resume / INIT_FILE))
-        target = load_target(Path(job.target_dir), dtype=getattr(torch, job.target_dtype))
+        features = None
+        if job.hidden_dir is not None:  # offline: the stored hidden states stand in for the target's layers
+            from trtbuild.eagle3.hidden_store import HiddenStore, batches, load_head_only
+
+            target = load_head_only(Path(job.target_dir))
+            features = batches(HiddenStore(Path(job.hidden_dir)))
+        else:
+            target = load_target(Path(job.target_dir), dtype=getattr(torch, job.target_dtype))
         model = convert_to_eagle3(target, DraftArch(**job.arch), init.get("d2t"))
         model.eagle_module.float()  # the draft trains in float32 (autocast, when on, casts the forward)
         model.eagle_module.load_state_dict(init)
         pool = load_file(job.pool_file)["pool"]
-        result = train(model, pool, plan, resume, _RankProgress(rank == 0))  # type: ignore[arg-type]
+        result = train(model, pool, plan, resume, _RankProgress(rank == 0), features)  # type: ignore[arg-type]
         if rank == 0:
             weights = {k: v.detach().contiguous().cpu() for k, v in model.eagle_module.state_dict().items()}
             _atomic(resume / TRAINED_FILE, lambda tmp: save_file(weights, str(tmp)))

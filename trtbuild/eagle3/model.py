@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from trtbuild.eagle3 import modelopt_compat
+from trtbuild.eagle3.data import load_target
+
+__all__ = ["DraftArch", "convert_to_eagle3", "draft_parameters", "eagle_mode_config", "load_target"]
 
 
 @dataclass
@@ -29,14 +31,7 @@ class DraftArch:
     intermediate_size: int | None = None  # None: the target's
     ttt_steps: int = 3
     loss_decay: float = 0.9
-
-
-def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, use_safetensors=True)
-    model.eval()
-    return model
+    offline: bool = False  # the target's hidden states come from a dump (trtbuild/eagle3/hidden.py)
 
 
 def _rope(text_config: Any) -> tuple[float, dict[str, Any]]:
@@ -85,6 +80,7 @@ def eagle_mode_config(target: nn.Module, arch: DraftArch) -> dict[str, Any]:
         "eagle_export_rope_scaling": {},  # keep the target's RoPE in the export, no YaRN injection
         "eagle_freeze_base_model": True,
         "eagle_self_logit_distillation": True,
+        "eagle_offline": arch.offline,
     })
     return modelopt_compat.mode_config(config)
 

@@ -71,6 +71,13 @@ def is_legacy() -> bool:
     return "eagle_ttt_steps" not in _eagle_config_fields()
 
 
+def offline_base_layers() -> int:
+    """Decoder layers the head-only target keeps for offline training: 0.47 drops them all itself
+    (`eagle_offline`), 0.37's `modify` places the draft on the device of `model.layers[-1]` (never run:
+    its forward takes `base_model_outputs` instead), so one stays there."""
+    return 1 if is_legacy() else 0
+
+
 def mode_config(config: dict[str, Any]) -> dict[str, Any]:
     """`config` without the keys the installed EagleConfig lacks (0.37 rejects unknown keys)."""
     fields = _eagle_config_fields()

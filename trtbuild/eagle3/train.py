@@ -1,4 +1,5 @@
-"""The EAGLE-3 training loop (online: the frozen target runs in every step) with resumable checkpoints.
+"""The EAGLE-3 training loop (online: the frozen target runs in every step; offline: its stored hidden
+states are read instead) with resumable checkpoints.
 
 ModelOpt's `HFEagleModel.forward` computes the target's hidden states and logits, unrolls the
 draft `eagle_ttt_steps` times (training-time test; 4 fixed passes under ModelOpt 0.37) and returns
@@ -20,9 +21,11 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -167,9 +170,25 @@ def _global_mean(values: list[float], world: int, device: torch.device) -> list[
     return (tensor / world).tolist()
 
 
+def _on(device: torch.device, value: Any) -> Any:
+    """`value` with every tensor in it (nested dicts: offline inputs) moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _on(device, v) for k, v in value.items()}
+    return value
+
+
+def _inputs(pool: torch.Tensor, rows: torch.Tensor,
+            features: Callable[[torch.Tensor], dict[str, Any]] | None) -> dict[str, torch.Tensor]:
+    return features(rows) if features is not None else {"input_ids": pool[rows]}
+
+
 def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Path,
-          progress: Progress) -> TrainResult:
-    """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`.
+          progress: Progress, features: Callable[[torch.Tensor], dict[str, Any]] | None = None) -> TrainResult:
+    """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`. `features`
+    (offline training): the model's inputs for a batch's pool rows (token ids and the target's stored
+    hidden states); unset, the model runs the target on the token ids itself (online).
 
     Under an initialised process group every rank calls this with the same pool and plan."""
     torch.manual_seed(plan.seed)
@@ -218,7 +237,7 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
                 sync = nullcontext() if world == 1 or index == micro_batches - 1 else forward.no_sync()  # type: ignore[operator]
                 with sync:
                     with autocast:
-                        out = forward(input_ids=pool[chunk].to(device))
+                        out = forward(**_on(device, _inputs(pool, chunk, features)))
                     (out.loss / micro_batches).backward()
                 loss_sum += out.loss.item()
                 acc = step_accuracy(out.train_acc)

@@ -1,8 +1,9 @@
 """draft stage: an EAGLE-3 draft for the target, trained with ModelOpt or loaded and checked.
 
-Sources: `train` (ModelOpt `modelopt.torch.speculative` eagle3 mode, online, against the
-UNQUANTIZED target of the model stage: the hidden states TRT-LLM captures at serving come from
-the same weights up to quantization error, and ModelOpt trains on the BF16/FP32 model), `path`
+Sources: `train` (ModelOpt `modelopt.torch.speculative` eagle3 mode against the UNQUANTIZED target
+of the model stage: the hidden states TRT-LLM captures at serving come from the same weights up to
+quantization error, and ModelOpt trains on the BF16/FP32 model; online, or offline from hidden states
+dumped once into the cache: trtbuild/eagle3/hidden.py), `path`
 (a local draft directory) and `hub` (a repo id in the local HF cache, never downloaded); `none`
 builds no draft. Loaded drafts are checked against the target before anything else runs.
 The artifact holds `eagle3/` (the TRT-LLM EAGLE-3 checkpoint) and metrics with the acceptance
@@ -51,7 +52,7 @@ def resume_dir(config: DraftConfig, target_key: str) -> Path:
     training = config.model_dump(mode="json", exclude={
         "eval": True, "gate": True, "compat_ignore": True, "export_dtype": True, "path": True, "repo_id": True,
         "revision": True, "train": {"processes": True, "nodes": True, "backend": True, "slurm": True}})
-    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("data", "model", "train", "distributed")]  # and imports
+    code = [code_version(f"trtbuild.eagle3.{m}") for m in ("build", "model", "train", "distributed")]  # and imports
     digest = hashlib.sha256(json.dumps([training, target_key, code], sort_keys=True).encode()).hexdigest()
     return default_root() / "resume" / f"draft-{digest[:16]}"
 
@@ -127,7 +128,7 @@ class DraftStage(Stage):
 
             resume = resume_dir(config, model_artifact.key)
             with resume_in_use(resume):  # `cache gc` leaves the resume dir alone while this trains
-                trained = train_draft(config, ctx, target_dir, out, resume)
+                trained = train_draft(config, ctx, target_dir, out, resume, model_artifact.key)
             metrics.update(trained["metrics"])
             info.update(trained["info"])
         else:

@@ -1,0 +1,174 @@
+"""The draft's data step: the training pool (text windows and the target's own responses) as a shard set.
+
+Its own cache entry (`<cache>/draft-data/<key>/`, trtbuild/eagle3/shards.py), keyed by the target
+artifact, the dataset and the fields that shape the pool (samples, seq_len, distill_fraction,
+prompt_len, seed, shard_samples), never by a training setting: a build with another lr or step count
+reuses it. Shard i holds pool rows [i*S, (i+1)*S); a killed run keeps its finished shards.
+
+Who generates: on CPU the target in float32 through transformers (greedy with a KV cache, as the
+pool was made before); on a GPU host TensorRT-LLM's LLM API when it is importable (greedy: top_k 1,
+ignore_eos, tensorrt_llm/sampling_params.py@000a01de66f0eab4ab05640711f0253f50f5209c), else the
+target in bfloat16 on CUDA through transformers. The GPU paths are written but not run here (no GPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.eagle3 import shards
+from trtbuild.layout import DRAFT_DATA
+
+if TYPE_CHECKING:
+    import torch
+
+    from trtbuild.eagle3.data import Generate
+    from trtbuild.progress import Progress
+
+# The DraftConfig fields that shape the pool (everything else, lr and steps included, does not). The
+# config is typed Any here: importing DraftConfig would put all of config.py in the data's key.
+DATA_FIELDS = ("dataset", "samples", "seq_len", "distill_fraction", "prompt_len", "seed", "shard_samples")
+
+
+@dataclass
+class ShardSet:
+    path: Path  # the cache entry
+    key: str
+    reused: bool  # found in the cache: nothing was computed
+    computed: int  # shards made by this run
+    kept: int  # shards a killed run had finished, kept
+    seconds: float
+
+
+def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
+    from trtbuild.code_version import code_version
+
+    fields = config.model_dump(mode="json", include=set(DATA_FIELDS))
+    material = [fields, target_key, dataset_fingerprint, code_version(__name__)]
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path | None,
+                progress: Progress) -> ShardSet:
+    """The pool's shard set: from the cache, or made now (resuming a killed run's shards)."""
+    from trtbuild.data.sources import fingerprint
+
+    key = data_key(config, target_key, fingerprint(config.dataset, base_dir=base_dir))
+    found = shards.reuse(DRAFT_DATA, key)
+    if found is not None:
+        return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
+    started = time.perf_counter()
+    spec = _pool_spec(config, target_dir, base_dir)
+    count = shards.shard_count(len(spec), config.shard_samples)
+    generate: Generate | None = None
+    with shards.resumable(DRAFT_DATA, key) as work:
+        found = shards.entry_dir(DRAFT_DATA, key)
+        if found is not None:  # a concurrent build made it while this one waited for the lock
+            return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
+        done = shards.finished(work, count)
+        if done:
+            progress.log(f"draft data: {len(done)}/{count} shards kept from an interrupted run ({work})")
+        todo = [i for i in range(count) if i not in done]
+        rows_todo = sum(_shard_range(i, len(spec), config.shard_samples)[1]
+                        - _shard_range(i, len(spec), config.shard_samples)[0] for i in todo)
+        with progress.task("draft data: target responses", rows_todo) as bar:
+            for index in todo:
+                start, stop = _shard_range(index, len(spec), config.shard_samples)
+                if generate is None and stop > len(spec.windows):
+                    generate = target_generator(target_dir)
+                rows = _make(spec, start, stop, generate, bar)
+                shards.write_shard(work, index, {"input_ids": rows})
+        meta = {"kind": DRAFT_DATA, "rows": len(spec), "seq_len": spec.seq_len, "shards": count,
+                "shard_samples": config.shard_samples, "generated_rows": len(spec.prompts)}
+        path = shards.publish(work, DRAFT_DATA, key, count, meta)
+    shutil.rmtree(shards.resume_dir(DRAFT_DATA, key), ignore_errors=True)
+    return ShardSet(path, key, reused=False, computed=len(todo), kept=len(done),
+                    seconds=time.perf_counter() - started)
+
+
+def _make(spec: Any, start: int, stop: int, generate: Generate | None, bar: Any) -> torch.Tensor:
+    from trtbuild.eagle3.data import DataPlan, make_rows
+
+    return make_rows(spec, start, stop, generate, DataPlan.gen_batch, lambda n: bar.advance(n))
+
+
+def _shard_range(index: int, rows: int, shard_rows: int) -> tuple[int, int]:
+    return index * shard_rows, min(rows, (index + 1) * shard_rows)
+
+
+def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None) -> Any:
+    from transformers import AutoTokenizer
+
+    from trtbuild.data.sources import joiner, load_texts
+    from trtbuild.eagle3.data import DataPlan, pool_spec
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    texts = load_texts(config.dataset, "train", tokenizer=tokenizer, base_dir=base_dir)
+    plan = DataPlan(samples=config.samples, seq_len=config.seq_len, distill_fraction=config.distill_fraction,
+                    prompt_len=config.prompt_len, seed=config.seed,
+                    separator=joiner(config.dataset, base_dir),
+                    chat_prompts=chat_requests(config, tokenizer, base_dir))
+    return pool_spec(tokenizer, texts, plan)
+
+
+def chat_requests(config: Any, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
+    """The chat records of the training source as served requests (None for a text source)."""
+    from trtbuild.data.chat import chat_prompt_ids, request_messages
+    from trtbuild.data.sources import load_records
+
+    chats = [r for r in load_records(config.dataset, "train", base_dir=base_dir) if isinstance(r, list)]
+    return [chat_prompt_ids(tokenizer, request_messages(c)) for c in chats] or None
+
+
+def load_pool(entry: Path) -> torch.Tensor:
+    """The whole pool [rows, seq_len] (token ids: small next to the hidden states)."""
+    import torch
+    from safetensors.torch import load_file
+
+    count = shards.read_meta(entry)["shards"]
+    return torch.cat([load_file(str(entry / shards.shard_name(i)))["input_ids"] for i in range(count)])
+
+
+def target_generator(target_dir: Path) -> Generate:
+    """Greedy continuation by the target: TensorRT-LLM or transformers on CUDA, transformers on CPU."""
+    import torch
+
+    from trtbuild.eagle3.data import greedy_continue, load_target
+
+    if torch.cuda.is_available():
+        llm = _trtllm_generator(target_dir)
+        if llm is not None:
+            return llm
+        model = load_target(target_dir, dtype=torch.bfloat16).to("cuda")
+        return lambda prompts, new: greedy_continue(model, prompts.to("cuda"), new).cpu()
+    model = load_target(target_dir)
+    return lambda prompts, new: greedy_continue(model, prompts, new)
+
+
+def _trtllm_generator(target_dir: Path) -> Generate | None:
+    """TensorRT-LLM's LLM API (PyTorch backend) when importable; token ids in, token ids out."""
+    try:
+        from tensorrt_llm import LLM, SamplingParams
+    except ImportError:
+        return None
+    import torch
+
+    llm = LLM(model=str(target_dir))
+
+    def generate(prompts: torch.Tensor, new: int) -> torch.Tensor:
+        params = SamplingParams(max_tokens=new, top_k=1, ignore_eos=True)
+        outputs = llm.generate([p.tolist() for p in prompts], params)
+        rows = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            tokens = list(output.outputs[0].token_ids)
+            if len(tokens) < new:
+                raise RuntimeError(f"TensorRT-LLM returned {len(tokens)} of {new} tokens (max_seq_len too small?)")
+            rows.append(prompt.tolist() + tokens[:new])
+        return torch.tensor(rows, dtype=torch.long)
+
+    return generate
