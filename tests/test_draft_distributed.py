@@ -58,10 +58,11 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
     return Artifact("model", "tiny-key", root)
 
 
-def run_stage(target: Artifact, out: Path, seed: int, **train: Any) -> tuple[list[float], float, dict[str, Any]]:
-    """(per-step losses, tau, metrics) of one draft stage run."""
+def run_stage(target: Artifact, out: Path, seed: int, draft: dict[str, Any] | None = None,
+              **train: Any) -> tuple[list[float], float, dict[str, Any]]:
+    """(per-step losses, tau, metrics) of one draft stage run; `draft`: other draft fields."""
     out.mkdir(parents=True)
-    config = DraftConfig(**{**DRAFT, "seed": seed, "train": train})
+    config = DraftConfig(**{**DRAFT, **(draft or {}), "seed": seed, "train": train})
     ctx = StageContext(recipe=_Recipe(out.parent), inputs={"model": target}, out_dir=out, progress=Progress())
     result = DraftStage().run(config, ctx)
     losses = json.loads((out / "train_log.json").read_text())["losses"]
@@ -135,6 +136,20 @@ def _processes_naming(path: Path) -> list[int]:
                 if str(path).encode() in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
     return found
+
+
+@pytest.mark.slow
+def test_two_processes_train_offline_like_one(tiny_target: Artifact, tmp_path: Path) -> None:
+    """hidden_states: offline under DDP: each rank reads the hidden-state shards with a head-only
+    target. The two-process curve is one process's up to summation order (half-batch accumulation)."""
+    offline = {"hidden_states": "offline"}
+    one, tau_one, m_one = run_stage(tiny_target, tmp_path / "one", 0, offline)
+    noise = max_rel_diff(run_stage(tiny_target, tmp_path / "acc", 0, offline, micro_batch_size=4)[0], one)
+    two, tau_two, m_two = run_stage(tiny_target, tmp_path / "two", 0, offline, processes=2)
+    assert m_two["train_processes"] == 2
+    assert m_two["hidden_states_bytes"] == m_one["hidden_states_bytes"] > 0  # the same shard set, reused
+    assert noise > 0 and max_rel_diff(two, one) <= MARGIN * noise
+    assert abs(tau_two - tau_one) <= 0.05 * tau_one  # weights equal to 1e-7: only a rare argmax flip may differ
 
 
 @pytest.mark.slow
