@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.eagle3 import shards
+from trtbuild.eagle3.shards import ShardSet
 from trtbuild.layout import DRAFT_DATA
 
 if TYPE_CHECKING:
@@ -33,16 +31,6 @@ if TYPE_CHECKING:
 # The DraftConfig fields that shape the pool (everything else, lr and steps included, does not). The
 # config is typed Any here: importing DraftConfig would put all of config.py in the data's key.
 DATA_FIELDS = ("dataset", "samples", "seq_len", "distill_fraction", "prompt_len", "seed", "shard_samples")
-
-
-@dataclass
-class ShardSet:
-    path: Path  # the cache entry
-    key: str
-    reused: bool  # found in the cache: nothing was computed
-    computed: int  # shards made by this run
-    kept: int  # shards a killed run had finished, kept
-    seconds: float
 
 
 def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
@@ -59,36 +47,23 @@ def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path |
     from trtbuild.data.sources import fingerprint
 
     key = data_key(config, target_key, fingerprint(config.dataset, base_dir=base_dir))
-    found = shards.reuse(DRAFT_DATA, key)
-    if found is not None:
+    if (found := shards.reuse(DRAFT_DATA, key)) is not None:
         return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
-    started = time.perf_counter()
     spec = _pool_spec(config, target_dir, base_dir)
     count = shards.shard_count(len(spec), config.shard_samples)
-    generate: Generate | None = None
-    with shards.resumable(DRAFT_DATA, key) as work:
-        found = shards.entry_dir(DRAFT_DATA, key)
-        if found is not None:  # a concurrent build made it while this one waited for the lock
-            return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
-        done = shards.finished(work, count)
-        if done:
-            progress.log(f"draft data: {len(done)}/{count} shards kept from an interrupted run ({work})")
-        todo = [i for i in range(count) if i not in done]
-        rows_todo = sum(_shard_range(i, len(spec), config.shard_samples)[1]
-                        - _shard_range(i, len(spec), config.shard_samples)[0] for i in todo)
-        with progress.task("draft data: target responses", rows_todo) as bar:
-            for index in todo:
-                start, stop = _shard_range(index, len(spec), config.shard_samples)
+
+    def write(work: Path, todo: list[int]) -> dict[str, Any]:
+        generate: Generate | None = None
+        ranges = [_shard_range(i, len(spec), config.shard_samples) for i in todo]
+        with progress.task("draft data: target responses", sum(stop - start for start, stop in ranges)) as bar:
+            for index, (start, stop) in zip(todo, ranges, strict=True):
                 if generate is None and stop > len(spec.windows):
                     generate = target_generator(target_dir)
-                rows = _make(spec, start, stop, generate, bar)
-                shards.write_shard(work, index, {"input_ids": rows})
-        meta = {"kind": DRAFT_DATA, "rows": len(spec), "seq_len": spec.seq_len, "shards": count,
+                shards.write_shard(work, index, {"input_ids": _make(spec, start, stop, generate, bar)})
+        return {"kind": DRAFT_DATA, "rows": len(spec), "seq_len": spec.seq_len, "shards": count,
                 "shard_samples": config.shard_samples, "generated_rows": len(spec.prompts)}
-        path = shards.publish(work, DRAFT_DATA, key, count, meta)
-    shutil.rmtree(shards.resume_dir(DRAFT_DATA, key), ignore_errors=True)
-    return ShardSet(path, key, reused=False, computed=len(todo), kept=len(done),
-                    seconds=time.perf_counter() - started)
+
+    return shards.make_set(DRAFT_DATA, key, count, "draft data", progress, write)
 
 
 def _make(spec: Any, start: int, stop: int, generate: Generate | None, bar: Any) -> torch.Tensor:

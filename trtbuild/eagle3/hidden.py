@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.eagle3 import shards
-from trtbuild.eagle3.draft_data import ShardSet
+from trtbuild.eagle3.shards import ShardSet
 from trtbuild.layout import DRAFT_HIDDEN
 
 if TYPE_CHECKING:
@@ -63,21 +61,11 @@ def ensure_hidden(data: ShardSet, target_dir: Path, aux_layers: list[int], dtype
                   progress: Progress) -> ShardSet:
     """The hidden-state shard set of `data`'s pool: from the cache, or computed now (resuming)."""
     key = hidden_key(data.key, aux_layers, dtype)
-    found = shards.reuse(DRAFT_HIDDEN, key)
-    if found is not None:
-        return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
-    started = time.perf_counter()
     data_meta = shards.read_meta(data.path)
     count = int(data_meta["shards"])
-    target: nn.Module | None = None
-    with shards.resumable(DRAFT_HIDDEN, key) as work:
-        found = shards.entry_dir(DRAFT_HIDDEN, key)
-        if found is not None:  # a concurrent build made it while this one waited for the lock
-            return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
-        done = shards.finished(work, count)
-        if done:
-            progress.log(f"draft hidden states: {len(done)}/{count} shards kept from an interrupted run ({work})")
-        todo = [i for i in range(count) if i not in done]
+
+    def write(work: Path, todo: list[int]) -> dict[str, Any]:
+        target: nn.Module | None = None
         with progress.task("draft: dumping hidden states", len(todo)) as bar:
             for index in todo:
                 if target is None:
@@ -87,13 +75,11 @@ def ensure_hidden(data: ShardSet, target_dir: Path, aux_layers: list[int], dtype
                 write_dump_shard(work, index, {IDS: ids, AUX: tensors[AUX].to(_dtype(dtype)),
                                                FINAL: tensors[FINAL].to(_dtype(dtype))})
                 bar.advance(1)
-        meta = {"kind": DRAFT_HIDDEN, "data": data.key, "rows": data_meta["rows"], "seq_len": data_meta["seq_len"],
+        return {"kind": DRAFT_HIDDEN, "data": data.key, "rows": data_meta["rows"], "seq_len": data_meta["seq_len"],
                 "shards": count, "shard_samples": data_meta["shard_samples"], "aux_layers": sorted(aux_layers),
                 "dtype": dtype}
-        path = shards.publish(work, DRAFT_HIDDEN, key, count, meta)
-    shutil.rmtree(shards.resume_dir(DRAFT_HIDDEN, key), ignore_errors=True)
-    return ShardSet(path, key, reused=False, computed=len(todo), kept=len(done),
-                    seconds=time.perf_counter() - started)
+
+    return shards.make_set(DRAFT_HIDDEN, key, count, "draft hidden states", progress, write)
 
 
 def write_dump_shard(directory: Path, index: int, tensors: dict[str, torch.Tensor]) -> Path:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,38 @@ from trtbuild.cache import RESUME, ArtifactCache, default_root, resume_in_use
 
 SET_META = "set.json"
 _PATTERN = "shard-{:05d}.safetensors"
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    path: Path  # the cache entry
+    key: str
+    reused: bool  # found in the cache: nothing was computed
+    computed: int  # shards made by this run
+    kept: int  # shards a killed run had finished, kept
+    seconds: float
+
+
+def make_set(kind: str, key: str, count: int, what: str, progress: Any,
+             write: Callable[[Path, list[int]], dict[str, Any]]) -> ShardSet:
+    """The set `kind`/`key` of `count` shards: from the cache, or made now. `write(work, todo)` writes
+    the shards `todo` (those a killed run finished are kept) into `work` and returns the set's meta."""
+    found = reuse(kind, key)
+    if found is not None:
+        return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
+    started = time.perf_counter()
+    with resumable(kind, key) as work:
+        found = entry_dir(kind, key)
+        if found is not None:  # a concurrent build made it while this one waited for the lock
+            return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
+        done = finished(work, count)
+        if done:
+            progress.log(f"{what}: {len(done)}/{count} shards kept from an interrupted run ({work})")
+        todo = [i for i in range(count) if i not in done]
+        path = publish(work, kind, key, count, write(work, todo))
+    shutil.rmtree(resume_dir(kind, key), ignore_errors=True)
+    return ShardSet(path, key, reused=False, computed=len(todo), kept=len(done),
+                    seconds=time.perf_counter() - started)
 
 
 def shard_name(index: int) -> str:
