@@ -134,6 +134,17 @@ def test_the_engine_bundles_wrapped_form_gives_the_same_logits(pair, tmp_path):
     shutil.rmtree(wrapped)
 
 
+def test_refuses_vision_tensors_in_the_wrapped_form(tmp_path):
+    from trtbuild.errors import UserError
+    from trtbuild.runtime.target import unwrapped_state
+
+    text = {"language_model.model.norm.weight": torch.ones(2)}
+    assert list(unwrapped_state(text, tmp_path)) == ["model.norm.weight"]
+    with pytest.raises(UserError) as info:
+        unwrapped_state({**text, "vision_model.patch_embedding.linear.weight": torch.ones(2)}, tmp_path)
+    assert "vision_model.patch_embedding" in info.value.one_line()
+
+
 def test_refuses_the_multimodal_wrapper_and_an_inconsistent_config(tmp_path):
     import json
     import shutil
