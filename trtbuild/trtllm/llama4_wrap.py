@@ -4,9 +4,9 @@ Every contracted release registers Llama 4 only as `Llama4ForConditionalGenerati
 `llama4_model`): it swaps in `config.text_config` and strips the `language_model.` prefix from
 weight names. A `Llama4ForCausalLM` export (what `model.tiny.llama4` trains) is therefore rewritten
 in the bundle: config.json wraps the text config, tensors `model.*` / `lm_head.*` are renamed
-`language_model.model.*` / `language_model.lm_head.*` (a model.safetensors.index.json lists them), and
-the FP8 exclude lists follow. No vision config or weights are added (the contract records what each
-release does without them).
+`language_model.model.*` / `language_model.lm_head.*` (a model.safetensors.index.json lists them);
+the FP8 exclude lists keep the unprefixed module names the release matches them against. No vision
+config or weights are added (the contract records what each release does without them).
 
 Only the safetensors headers change; tensor bytes are streamed unchanged. Every rewritten file
 replaces the hard link atomically, so the input artifact stays untouched.
@@ -42,15 +42,12 @@ def wrapped_name(name: str, prefix: str) -> str:
     return name
 
 
-def wrapped_config(text: Mapping[str, Any], architecture: str, prefix: str) -> dict[str, Any]:
+def wrapped_config(text: Mapping[str, Any], architecture: str) -> dict[str, Any]:
     inner = {k: v for k, v in text.items() if k not in ("architectures", "quantization_config")}
     inner["model_type"] = "llama4_text"
     outer: dict[str, Any] = {"architectures": [architecture], "model_type": "llama4"}
     outer.update({k: text[k] for k in _WRAPPER_KEYS if k in text})
     outer["text_config"] = inner
-    quant = outer.get("quantization_config")
-    if isinstance(quant, dict) and isinstance(quant.get("ignore"), list):
-        outer["quantization_config"] = {**quant, "ignore": [wrapped_name(str(x), prefix) for x in quant["ignore"]]}
     return outer
 
 
@@ -84,7 +81,7 @@ def wrap_target(directory: Path, architecture: str, prefix: str = PREFIX) -> lis
     if not is_text_llama4(config):
         return []
     written = ["config.json"]
-    _replace_json(config_file, wrapped_config(config, architecture, prefix))
+    _replace_json(config_file, wrapped_config(config, architecture))
     for file in sorted(directory.glob("*.safetensors")):
         rename_safetensors(file, prefix)
         written.append(file.name)
@@ -97,12 +94,6 @@ def wrap_target(directory: Path, architecture: str, prefix: str = PREFIX) -> lis
                                                for name in read_header(file)}}
     _replace_json(index, data)
     written.append(index.name)
-    quant_file = directory / "hf_quant_config.json"
-    if quant_file.is_file():
-        data = json.loads(quant_file.read_text())
-        quant = data.get("quantization")
-        if isinstance(quant, dict) and isinstance(quant.get("exclude_modules"), list):
-            quant["exclude_modules"] = [wrapped_name(str(x), prefix) for x in quant["exclude_modules"]]
-            _replace_json(quant_file, data)
-            written.append(quant_file.name)
+    # hf_quant_config.json's exclude_modules stay as they are: the release matches them against its own
+    # module names (model.layers.*, lm_head), which carry no prefix (contract: exclude_modules_match).
     return written
