@@ -399,3 +399,7 @@ def test_llama4_targets_against_the_releases_llama4_model(version: str) -> None:
     assert section["unquantized_modules"] == ["router"] and "experts" in section["quantized_modules"]
     assert set(section["reads"]) >= {"no_rope_layers", "interleave_moe_layer_step", "intermediate_size_mlp"}
     assert cv.check_llama4_target(TinyModelConfig().hf_config(), contract) == []  # a Llama: not this check
+    # what the engine stage writes a text-only target as (trtbuild/trtllm/llama4_wrap.py)
+    assert section["weight_prefix"] == "language_model." and section["exclude_modules_match"] == "unprefixed"
+    assert section["vision_weights_required"] is False and section["text_only_checked_on_gpu"] is False
+    assert all("@" in contract.fact(s) for s in ("llama4_weight_mapper", "llama4_exclude_match", "llama4_model_older"))

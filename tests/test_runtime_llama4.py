@@ -112,6 +112,39 @@ def test_batched_decoding_equals_single_stream(pair):
         assert tokens == generator.generate(prompt, 24, eos_token_ids=[]).tokens
 
 
+def test_the_engine_bundles_wrapped_form_gives_the_same_logits(pair, tmp_path):
+    """The engine stage rewrites a text-only target as Llama4ForConditionalGeneration (text_config,
+    `language_model.` tensor names); the runtime reads it back to the very same model."""
+    import shutil
+
+    from trtbuild.safetensors_header import read_header
+    from trtbuild.trtllm.llama4_wrap import wrap_target
+
+    model, target = pair
+    wrapped = tmp_path / "wrapped"
+    model.save_pretrained(wrapped)
+    originals = {f.name: f.read_bytes() for f in wrapped.glob("*.safetensors")}
+    assert wrap_target(wrapped, "Llama4ForConditionalGeneration")
+    for name, before in originals.items():  # tensor bytes unchanged, only names
+        header = read_header(wrapped / name)
+        assert all(k.startswith("language_model.") for k in header) and header
+        assert (wrapped / name).read_bytes().endswith(before[-1024:])
+    tokens = ids()
+    assert torch.equal(load_target(wrapped).logits(tokens), target.logits(tokens))
+    shutil.rmtree(wrapped)
+
+
+def test_refuses_vision_tensors_in_the_wrapped_form(tmp_path):
+    from trtbuild.errors import UserError
+    from trtbuild.runtime.target import unwrapped_state
+
+    text = {"language_model.model.norm.weight": torch.ones(2)}
+    assert list(unwrapped_state(text, tmp_path)) == ["model.norm.weight"]
+    with pytest.raises(UserError) as info:
+        unwrapped_state({**text, "vision_model.patch_embedding.linear.weight": torch.ones(2)}, tmp_path)
+    assert "vision_model.patch_embedding" in info.value.one_line()
+
+
 def test_refuses_the_multimodal_wrapper_and_an_inconsistent_config(tmp_path):
     import json
     import shutil
@@ -120,8 +153,10 @@ def test_refuses_the_multimodal_wrapper_and_an_inconsistent_config(tmp_path):
 
     random_llama4(tmp_path / "ok")
     config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    wrapper = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4"}
     for name, change, field in [
-        ("wrapper", {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4"}, "architectures"),
+        ("wrapper", wrapper, "text_config"),
+        ("vision", {**wrapper, "text_config": config, "vision_config": {"hidden_size": 8}}, "vision_config"),
         ("nochunk", {"attention_chunk_size": None}, "attention_chunk_size"),
         ("layertype", {"layer_types": ["sliding_attention"] * 4}, "layer_types"),
     ]:

@@ -1,9 +1,10 @@
 """Reads a Hugging Face Llama directory's config.json (and ModelOpt's hf_quant_config.json).
 
 Only the Llama family is supported: the tiny target, Llama 3.x and Llama 4 text models
-(`Llama4ForCausalLM`: MoE, shared expert, NoPE layers, chunked attention; the multimodal
-`Llama4ForConditionalGeneration` wrapper is not). Anything else is refused with a one-line
-`UserError` naming the architecture, before any weight is read.
+(`Llama4ForCausalLM`: MoE, shared expert, NoPE layers, chunked attention), also in the
+`Llama4ForConditionalGeneration` form the engine bundle carries (config.text_config, weights under
+`language_model.`) as long as it has no vision part (target.py refuses vision tensors). Anything else
+is refused with a one-line `UserError` naming the architecture, before any weight is read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from trtbuild.errors import UserError
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
 LLAMA4_ARCHITECTURES = ("Llama4ForCausalLM",)
+LLAMA4_WRAPPED = "Llama4ForConditionalGeneration"
+WRAPPED_PREFIX = "language_model."  # TensorRT-LLM strips it too (contract llama4_model.weight_prefix)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 
 
@@ -181,7 +184,7 @@ def _llama4_spec(cfg: dict[str, Any], file: str) -> Llama4Spec:
 def read_target_config(model_dir: Path) -> tuple[LlamaSpec, QuantInfo]:
     """Config of a target directory: a Llama or Llama 4 text model, unquantized or ModelOpt FP8."""
     path = model_dir / "config.json"
-    cfg = read_json(path)
+    cfg = unwrap_llama4(read_json(path), str(path))
     archs = cfg.get("architectures") or []
     model_type = cfg.get("model_type")
     known = LLAMA_ARCHITECTURES + LLAMA4_ARCHITECTURES
@@ -193,6 +196,25 @@ def read_target_config(model_dir: Path) -> tuple[LlamaSpec, QuantInfo]:
                         fix="use a LlamaForCausalLM or Llama4ForCausalLM (text) checkpoint, or serve this "
                         "model through TensorRT-LLM")
     return spec_from_config(cfg, model_dir, file=str(path)), read_quant_info(model_dir, cfg)
+
+
+def unwrap_llama4(cfg: dict[str, Any], file: str) -> dict[str, Any]:
+    """A text-only `Llama4ForConditionalGeneration` config as the `Llama4ForCausalLM` one it wraps
+    (quantization_config kept); a vision_config is refused. Other configs: unchanged."""
+    if LLAMA4_WRAPPED not in (cfg.get("architectures") or []):
+        return cfg
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise UserError(f"{LLAMA4_WRAPPED} without a text_config object", file=file, field="text_config")
+    if cfg.get("vision_config"):
+        raise UserError(f"{LLAMA4_WRAPPED} with a vision_config is not supported by the trtbuild runtime "
+                        "(text-only Llama 4)", file=file, field="vision_config",
+                        fix="serve the multimodal model through TensorRT-LLM")
+    out = {**text, "architectures": list(LLAMA4_ARCHITECTURES), "model_type": "llama4_text"}
+    for key in ("quantization_config", "torch_dtype", "tie_word_embeddings"):
+        if key in cfg and key not in text:
+            out[key] = cfg[key]
+    return out
 
 
 def read_quant_info(model_dir: Path, cfg: dict[str, Any]) -> QuantInfo:

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trtbuild.errors import UserError
 from trtbuild.runtime.checkpoint import Weights, load_state_dict
-from trtbuild.runtime.hf_config import LlamaSpec, QuantInfo, read_target_config
+from trtbuild.runtime.hf_config import WRAPPED_PREFIX, LlamaSpec, QuantInfo, read_target_config
 from trtbuild.runtime.kv_cache import KVCache
 from trtbuild.runtime.layers import (
     FakeQuantFP8,
@@ -313,6 +314,19 @@ class TargetModel:
         return self.quant.quant_algo == "FP8"
 
 
+def unwrapped_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """Tensor names of the wrapped Llama 4 form (`language_model.model.*`) as the text model's
+    (`model.*`); a checkpoint with vision tensors is refused (text-only runtime)."""
+    if not any(name.startswith(WRAPPED_PREFIX) for name in state):
+        return state
+    other = sorted(name for name in state if not name.startswith(WRAPPED_PREFIX))
+    if other:
+        raise UserError(f"checkpoint has tensors outside {WRAPPED_PREFIX!r} (e.g. {other[0]!r}); the trtbuild "
+                        "runtime serves text-only Llama 4", file=str(path),
+                        fix="serve the multimodal model through TensorRT-LLM")
+    return {name[len(WRAPPED_PREFIX):]: tensor for name, tensor in state.items()}
+
+
 def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = None,
                 max_positions: int | None = None) -> TargetModel:
     """Loads an HF Llama or Llama 4 text directory (unquantized, or ModelOpt's unified FP8 export).
@@ -329,7 +343,7 @@ def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = Non
     spec, quant = read_target_config(path)
     if dtype is None:
         dtype = torch.float64 if quant.quant_algo == "FP8" and torch.device(device).type == "cpu" else torch.float32
-    weights = Weights(load_state_dict(path), path, dtype, device)
+    weights = Weights(unwrapped_state(load_state_dict(path), path), path, dtype, device)
     with torch.inference_mode():
         model = TargetModel(spec, quant, weights, path, device, max_positions)
     return model

@@ -26,6 +26,7 @@ from trtbuild.trtllm import boundary, conformance, launchers, plugin_module
 from trtbuild.trtllm.checkpoint_quant import quant_of_dir
 from trtbuild.trtllm.config import draft_len, has_draft
 from trtbuild.trtllm.facts import ModelFacts, facts_from_dir
+from trtbuild.trtllm.llama4_wrap import wrap_target
 from trtbuild.trtllm.llm_args import (
     CudaGraphConfig,
     KvCacheConfig,
@@ -330,6 +331,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     # The release's transformers reads RoPE at the top level of config.json (contract: hf_config).
     if (bundle / "target" / "config.json").is_file() and rewrite_config(bundle / "target" / "config.json"):
         stats.written += 1
+    stats.written += len(wrap_llama4(bundle / "target", contract))
     served = "target"
     target_facts = facts_from_dir(inputs.target.resolve()) or model_facts
     if stats.copied:
@@ -445,6 +447,16 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     info = {"bundle": description, "inputs": {"target": str(inputs.target.resolve()),
                                               "draft": str(inputs.draft.resolve()) if inputs.draft else None}}
     return StageResult(metrics=metrics, info=info)
+
+
+def wrap_llama4(target: Path, contract: Contract) -> list[str]:
+    """A text-only Llama 4 target rewritten as the release's registered Llama 4 class (contract
+    llama4_model: architectures, weight_prefix); other targets: nothing."""
+    section = contract.section("llama4_model") or {}
+    archs = section.get("architectures") or []
+    if not (target / "config.json").is_file() or not archs:
+        return []
+    return wrap_target(target, str(archs[0]), str(section.get("weight_prefix", "language_model.")))
 
 
 def plugins_op(name: str) -> str:
