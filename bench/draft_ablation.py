@@ -12,47 +12,25 @@ Prints one JSON line: training seconds and per-step accuracy, tau at chain 3 and
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from draft_training import draft_config, train
 
 
 def main(argv: list[str]) -> None:
     import torch
 
-    from trtbuild.eagle3.build import train_draft
     from trtbuild.eagle3.evaluate import measure_tau
-    from trtbuild.progress import Progress
     from trtbuild.runtime.bench import load_prompts
-    from trtbuild.stages.draft import DraftConfig
 
     target, out = Path(argv[0]), Path(argv[1])
-    overrides: dict[str, Any] = {}
-    for item in argv[2:]:
-        key, value = item.split("=", 1)
-        overrides[key] = yaml.safe_load(value)
-    recipe = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
-    fields = {k: v for k, v in yaml.safe_load(recipe.read_text())["draft"].items() if k not in ("source", "gate")}
-    config = DraftConfig(**{**fields, **overrides})
+    config, overrides = draft_config(Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml", argv[2:])
     torch.set_num_threads(2)
-
-    class _Recipe:
-        base_dir = Path(".")
-
-        def stage_config(self, name: str) -> None:
-            return None
-
-    class _Context:
-        recipe = _Recipe()
-        progress = Progress()
-
-    shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    result = train_draft(config, _Context(), target, out / "eagle3", out.with_name(out.name + ".resume"))
+    result = train(config, target, out, Path("."))
     row: dict[str, Any] = {"overrides": overrides, "seconds": round(time.perf_counter() - started, 1),
                            "train_step_accuracy": result["metrics"]["train_step_accuracy"]}
     prompts = load_prompts("pydoc-heldout", target, 8, 64)

@@ -15,13 +15,12 @@ prompt lookup, measured on the same prompts in the same run.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from draft_training import draft_config, train
 
 RECIPE = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2-chat.yaml"
 
@@ -29,34 +28,13 @@ RECIPE = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2-ch
 def main(argv: list[str]) -> None:
     import torch
 
-    from trtbuild.eagle3.build import train_draft
     from trtbuild.eagle3.evaluate import measure_tau
-    from trtbuild.progress import Progress
     from trtbuild.runtime.bench import load_prompts
-    from trtbuild.stages.draft import DraftConfig
 
     target, out = Path(argv[0]), Path(argv[1])
-    overrides: dict[str, Any] = {}
-    for item in argv[2:]:
-        key, value = item.split("=", 1)
-        overrides[key] = yaml.safe_load(value)
-    section = yaml.safe_load(RECIPE.read_text())["draft"]
-    fields = {k: v for k, v in section.items() if k not in ("source", "gate")}
-    config = DraftConfig(**{**fields, **overrides})
+    config, overrides = draft_config(RECIPE, argv[2:])
     torch.set_num_threads(2)
-
-    class _Recipe:
-        base_dir = RECIPE.parent
-
-        def stage_config(self, name: str) -> None:
-            return None
-
-    class _Context:
-        recipe = _Recipe()
-        progress = Progress()
-
-    shutil.rmtree(out, ignore_errors=True)
-    result = train_draft(config, _Context(), target, out / "eagle3", out.with_name(out.name + ".resume"))
+    result = train(config, target, out, RECIPE.parent)
     metrics = result["metrics"]
     row: dict[str, Any] = {"overrides": overrides, "data_seconds": metrics["data_seconds"],
                            "train_seconds": metrics["train_seconds"], "train_steps": metrics["train_steps"],
