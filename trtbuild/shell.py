@@ -51,6 +51,19 @@ def comment_safe(text: str) -> str:
     return _CONTROL.sub("?", text)
 
 
+def sbatch_directives(*, job_name: str, nodes: int, tasks_per_node: int, gpus_per_node: int, time_limit: str,
+                      output: str, partition: str | None, account: str | None) -> list[str]:
+    """The #SBATCH lines of a launcher script. sbatch reads them, not the shell: recipes validate the
+    values (no whitespace or control characters) and comment_safe keeps a newline from adding a line."""
+    lines = [f"#SBATCH -J {job_name}", f"#SBATCH -N {nodes}", f"#SBATCH --ntasks-per-node={tasks_per_node}",
+             f"#SBATCH --gpus-per-node={gpus_per_node}", f"#SBATCH -t {time_limit}", f"#SBATCH -o {output}"]
+    if partition:
+        lines.append(f"#SBATCH -p {partition}")
+    if account:
+        lines.append(f"#SBATCH -A {account}")
+    return [comment_safe(line) for line in lines]
+
+
 def has_control(text: str) -> bool:
     return bool(_CONTROL.search(text))
 

@@ -84,20 +84,13 @@ def write_job(job: TrainJob, model: Any) -> Path:
 def read_result(resume: Path, model: Any) -> dict[str, Any] | None:
     """The finished training's result, with its weights loaded into `model.eagle_module`; None when
     there is none (or it does not match its recorded hash)."""
-    from safetensors.torch import load_file
+    from trtbuild.eagle3.train import read_verified
 
-    from trtbuild.cache import sha256_file
-
-    weights, result_file = resume / TRAINED_FILE, resume / RESULT_FILE
-    if not (weights.is_file() and result_file.is_file()):
+    found = read_verified(resume / TRAINED_FILE, resume / RESULT_FILE)
+    if found is None:
         return None
-    try:
-        result = json.loads(result_file.read_text())
-        if result.get("sha256") != sha256_file(weights):
-            return None
-        model.eagle_module.load_state_dict(load_file(str(weights)))
-    except (OSError, ValueError):
-        return None
+    result, weights = found
+    model.eagle_module.load_state_dict(weights)
     return result
 
 
@@ -134,20 +127,16 @@ def slurm_head_node() -> str:
 
 def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "") -> str:
     """sbatch script: one torchrun per node (srun), c10d rendezvous on the first node of the allocation."""
-    from trtbuild.shell import comment_safe, default_assignment, quote
+    from trtbuild.shell import comment_safe, default_assignment, quote, sbatch_directives
 
-    directives = [f"#SBATCH -J {slurm.job_name}", f"#SBATCH -N {nodes}", "#SBATCH --ntasks-per-node=1",
-                  f"#SBATCH --gpus-per-node={processes}", f"#SBATCH -t {slurm.time_limit}",
-                  "#SBATCH -o trtbuild-draft-%j.out"]
-    if slurm.partition:
-        directives.append(f"#SBATCH -p {slurm.partition}")
-    if slurm.account:
-        directives.append(f"#SBATCH -A {slurm.account}")
+    directives = sbatch_directives(job_name=slurm.job_name, nodes=nodes, tasks_per_node=1,
+                                   gpus_per_node=processes, time_limit=slurm.time_limit,
+                                   output="trtbuild-draft-%j.out", partition=slurm.partition, account=slurm.account)
     recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
     endpoint = f'--rdzv-endpoint="${{HEAD}}:{slurm.rdzv_port}"'  # HEAD: set by the script itself
     words = ['"${TRTBUILD_PYTHON}"'] + [endpoint if a.startswith("--rdzv-endpoint=") else quote(a)
                                         for a in torchrun_argv(job_file, processes, nodes, "HEAD")[1:]]
-    return ("#!/bin/bash\n" + "\n".join(comment_safe(d) for d in directives) + "\n"
+    return ("#!/bin/bash\n" + "\n".join(directives) + "\n"
             + f"# Written by trtbuild{recipe}: the draft stage's EAGLE-3 training on {nodes} nodes x "
             f"{processes} GPUs.\n"
             + "# The resume dir below, the interpreter and trtbuild's source must be at the same paths on\n"

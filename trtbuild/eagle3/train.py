@@ -124,22 +124,30 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
         meta_tmp.unlink(missing_ok=True)
 
 
-def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer
-               ) -> tuple[int, list[float], float | None, list[float]] | None:
-    """(step, accuracy, loss, per-step losses) after restoring `draft` and `optimizer`, or None when there is no
-    complete checkpoint. Only safetensors and JSON are read (anything else in the dir is ignored)."""
+def read_verified(tensor_file: Path, meta_file: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """(meta, tensors) of a pair written tensors first, then the JSON naming their sha256; None when
+    either is missing or unreadable, or they do not match (a kill between the two writes)."""
     from safetensors.torch import load_file
 
-    tensor_file, meta_file = resume_dir / STATE_TENSORS, resume_dir / STATE_META
     if not (tensor_file.is_file() and meta_file.is_file()):
         return None
     try:
         meta = json.loads(meta_file.read_text())
         if meta.get("sha256") != sha256_file(tensor_file):
             return None
-        tensors = load_file(str(tensor_file))
+        return meta, load_file(str(tensor_file))
     except (OSError, ValueError):
         return None
+
+
+def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer
+               ) -> tuple[int, list[float], float | None, list[float]] | None:
+    """(step, accuracy, loss, per-step losses) after restoring `draft` and `optimizer`, or None when there is no
+    complete checkpoint. Only safetensors and JSON are read (anything else in the dir is ignored)."""
+    found = read_verified(resume_dir / STATE_TENSORS, resume_dir / STATE_META)
+    if found is None:
+        return None
+    meta, tensors = found
     draft.load_state_dict({k[len("draft."):]: v for k, v in tensors.items() if k.startswith("draft.")})
     slots: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

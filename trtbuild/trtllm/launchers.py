@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtbuild.shell import Raw, comment_safe, default_assignment, env_exports, expand, quote, word
+from trtbuild.shell import Raw, comment_safe, default_assignment, env_exports, expand, quote, sbatch_directives, word
 
 
 @dataclass(frozen=True)
@@ -135,17 +135,10 @@ def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") 
 def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
     """sbatch script: one task per GPU, srun with PMIx, optionally inside a container (pyxis)."""
     recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
-    # #SBATCH lines are read by sbatch, not the shell: the recipe validates these values (no
-    # whitespace or control characters), and comment_safe keeps a newline from adding a line anyway.
-    directives = [f"#SBATCH -J {cluster.job_name}", f"#SBATCH -N {cluster.nodes}",
-                  f"#SBATCH --ntasks-per-node={cluster.gpus_per_node}",
-                  f"#SBATCH --gpus-per-node={cluster.gpus_per_node}", f"#SBATCH -t {cluster.time_limit}",
-                  "#SBATCH -o trtllm-serve-%j.out"]
-    if cluster.partition:
-        directives.append(f"#SBATCH -p {cluster.partition}")
-    if cluster.account:
-        directives.append(f"#SBATCH -A {cluster.account}")
-    directives = [comment_safe(d) for d in directives]
+    directives = sbatch_directives(job_name=cluster.job_name, nodes=cluster.nodes,
+                                   tasks_per_node=cluster.gpus_per_node, gpus_per_node=cluster.gpus_per_node,
+                                   time_limit=cluster.time_limit, output="trtllm-serve-%j.out",
+                                   partition=cluster.partition, account=cluster.account)
     srun: list[str] = ["srun", "-l", "--mpi=pmix", "--chdir", expand("BUNDLE")]
     if cluster.container_image:
         mounts = word(Raw('"${BUNDLE}:${BUNDLE}"'), *(f",{m}" for m in cluster.container_mounts))
