@@ -97,6 +97,13 @@ class DraftConfig(StageConfig):
     samples: int = Field(default=512, ge=1, le=10**7, description="Training sequences in the pool.")
     distill_fraction: float = Field(default=0.5, ge=0.0, le=1.0, description="Share of the pool that is the "
                                     "target's own greedy continuation of training-text prompts.")
+    synthetic_requests: int = Field(
+        default=0, ge=0, le=10**7, description="Chat requests the target writes itself (Magpie: its chat "
+        "template up to an open user turn, continued with sampling), added to the dataset's chat requests; "
+        "the distilled share of the pool is the target's answers to all of them. For a chat model whose "
+        "dataset has few requests: a draft trained on a few dozen memorises them.")
+    synthetic_request_tokens: int = Field(default=64, ge=4, le=4096, description="Longest synthetic request "
+                                          "in tokens (longer ones are cut).")
     prompt_len: int = Field(default=16, ge=1, le=1 << 20, description="Prompt tokens of each generated sequence.")
     steps: int | None = Field(default=None, ge=1, le=10**8, description="Optimizer steps; default: epochs x samples / "
                               "batch_size.")
@@ -130,6 +137,9 @@ class DraftConfig(StageConfig):
             raise ValueError("source: path needs `path:` (a local EAGLE-3 draft directory)")
         if self.source == "hub" and not self.repo_id:
             raise ValueError("source: hub needs `repo_id:` (an EAGLE-3 draft in the local HF cache)")
+        if self.synthetic_requests and not self.distill_fraction:
+            raise ValueError("synthetic_requests are answered by the target in the distilled share of the "
+                             "pool: set distill_fraction above 0")
         if self.aux_layers is not None and not self.aux_layers:
             raise ValueError("aux_layers must name at least one target layer (or be left unset)")
         return self

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 # The DraftConfig fields that shape the pool (everything else, lr and steps included, does not). The
 # config is typed Any here: importing DraftConfig would put all of config.py in the data's key.
-DATA_FIELDS = ("dataset", "samples", "seq_len", "distill_fraction", "prompt_len", "seed", "shard_samples")
+DATA_FIELDS = ("dataset", "samples", "seq_len", "distill_fraction", "prompt_len", "seed", "shard_samples",
+               "synthetic_requests", "synthetic_request_tokens")
+REQUESTS_FILE = "synthetic_requests.json"  # in the resume dir: a resumed run answers the same requests
 
 
 def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
@@ -49,10 +51,11 @@ def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path |
     key = data_key(config, target_key, fingerprint(config.dataset, base_dir=base_dir))
     if (found := shards.reuse(DRAFT_DATA, key)) is not None:
         return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
-    spec = _pool_spec(config, target_dir, base_dir)
-    count = shards.shard_count(len(spec), config.shard_samples)
+    count = shards.shard_count(config.samples, config.shard_samples)  # the pool has `samples` rows
 
     def write(work: Path, todo: list[int]) -> dict[str, Any]:
+        requests = synthetic_requests(config, target_dir, work, progress)
+        spec = _pool_spec(config, target_dir, base_dir, requests)
         generate: Generate | None = None
         ranges = [_shard_range(i, len(spec), config.shard_samples) for i in todo]
         with progress.task("draft data: target responses", sum(stop - start for start, stop in ranges)) as bar:
@@ -61,7 +64,8 @@ def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path |
                     generate = target_generator(target_dir)
                 shards.write_shard(work, index, {"input_ids": _make(spec, start, stop, generate, bar)})
         return {"kind": DRAFT_DATA, "rows": len(spec), "seq_len": spec.seq_len, "shards": count,
-                "shard_samples": config.shard_samples, "generated_rows": len(spec.prompts)}
+                "shard_samples": config.shard_samples, "generated_rows": len(spec.prompts),
+                "synthetic_requests": len(requests)}
 
     return shards.make_set(DRAFT_DATA, key, count, "draft data", progress, write)
 
@@ -76,7 +80,41 @@ def _shard_range(index: int, rows: int, shard_rows: int) -> tuple[int, int]:
     return index * shard_rows, min(rows, (index + 1) * shard_rows)
 
 
-def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None) -> Any:
+def synthetic_requests(config: Any, target_dir: Path, work: Path, progress: Progress) -> list[str]:
+    """The requests the target writes itself (trtbuild.eagle3.requests), kept in the resume dir."""
+    import os
+
+    if not config.synthetic_requests:
+        return []
+    saved = work / REQUESTS_FILE
+    if saved.is_file():
+        return list(json.loads(saved.read_text()))
+    from transformers import AutoTokenizer
+
+    from trtbuild.eagle3.requests import synthesize
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    model = _generation_model(target_dir)
+    with progress.task("draft data: requests written by the target", config.synthetic_requests) as bar:
+        requests = synthesize(model, tokenizer, config.synthetic_requests, config.seed,
+                              config.synthetic_request_tokens, lambda n: bar.advance(n))
+    tmp = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(requests))
+    os.replace(tmp, saved)
+    return requests
+
+
+def _generation_model(target_dir: Path) -> Any:
+    import torch
+
+    from trtbuild.eagle3.data import load_target
+
+    if torch.cuda.is_available():
+        return load_target(target_dir, dtype=torch.bfloat16).to("cuda")
+    return load_target(target_dir)
+
+
+def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None, synthetic: list[str] | None = None) -> Any:
     from transformers import AutoTokenizer
 
     from trtbuild.data.sources import joiner, load_texts
@@ -87,16 +125,18 @@ def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None) -> Any:
     plan = DataPlan(samples=config.samples, seq_len=config.seq_len, distill_fraction=config.distill_fraction,
                     prompt_len=config.prompt_len, seed=config.seed,
                     separator=joiner(config.dataset, base_dir),
-                    chat_prompts=chat_requests(config, tokenizer, base_dir))
+                    chat_prompts=chat_requests(config, tokenizer, base_dir, synthetic or []))
     return pool_spec(tokenizer, texts, plan)
 
 
-def chat_requests(config: Any, tokenizer: Any, base_dir: Path | None) -> list[list[int]] | None:
-    """The chat records of the training source as served requests (None for a text source)."""
+def chat_requests(config: Any, tokenizer: Any, base_dir: Path | None, synthetic: list[str]) -> list[list[int]] | None:
+    """The chat records of the training source and the synthetic requests, as served requests (None
+    when there are neither: a text source)."""
     from trtbuild.data.chat import chat_prompt_ids, request_messages
     from trtbuild.data.sources import load_records
 
     chats = [r for r in load_records(config.dataset, "train", base_dir=base_dir) if isinstance(r, list)]
+    chats += [[{"role": "user", "content": text}] for text in synthetic]
     return [chat_prompt_ids(tokenizer, request_messages(c)) for c in chats] or None
 
 
