@@ -153,6 +153,20 @@ def test_two_processes_train_offline_like_one(tiny_target: Artifact, tmp_path: P
 
 
 @pytest.mark.slow
+def test_two_processes_with_the_target_sharded_train_like_one(tiny_target: Artifact, tmp_path: Path) -> None:
+    """train.target_sharding: fsdp: FSDP2 (over gloo) gives each rank half of every target decoder layer,
+    all-gathered layer by layer in the forward; the curve is one process's up to summation order."""
+    one, tau_one, _ = run_stage(tiny_target, tmp_path / "one", 0)
+    noise = max_rel_diff(run_stage(tiny_target, tmp_path / "acc", 0, micro_batch_size=4)[0], one)
+    two, tau_two, metrics = run_stage(tiny_target, tmp_path / "two", 0, processes=2, target_sharding="fsdp")
+    assert metrics["train_target_sharding"] == "fsdp" and metrics["train_processes"] == 2
+    whole, held = metrics["target_layer_parameters"], metrics["target_layer_parameters_per_rank"]
+    assert whole > 0 and held * 2 == whole
+    assert noise > 0 and max_rel_diff(two, one) <= MARGIN * noise
+    assert abs(tau_two - tau_one) <= 0.05 * tau_one
+
+
+@pytest.mark.slow
 def test_two_process_training_resumes_after_kill_9(tiny_target: Artifact, tmp_path: Path) -> None:
     """kill -9 of the build process mid-training: torchrun and its ranks stop with it (parent-death
     signal), the next run resumes from rank 0's checkpoint and ends on the same loss curve as an

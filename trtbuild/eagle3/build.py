@@ -104,7 +104,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     model = convert_to_eagle3(target, arch, d2t)
     for note in ignored_settings(config.ttt_steps, config.loss_decay):
         ctx.progress.log(f"draft: {note} (the TensorRT-LLM 1.1 container's release)")
-    placement = training_placement(config)
+    placement = training_placement(config, sum(f.stat().st_size for f in target_dir.glob("*.safetensors")))
     plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.seed,
                      warmup_steps=min(10, max(1, config.total_steps() // 10)),
                      checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len,
@@ -131,6 +131,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         "train_seconds": round(result["seconds"], 1),
         "train_step_seconds": round(result["seconds"] / max(1, result["steps"] - result["resumed_from"]), 4),
         "train_processes": result["world_size"],
+        "train_target_sharding": placement["target_sharding"],
         "train_device": placement["device"],
         "data_seconds": round(data.seconds, 1),
         "train_loss": round(result["final_loss"], 4),
@@ -143,9 +144,13 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     info: dict[str, Any] = {
         "resumed_from_step": result["resumed_from"], "export": exported,
         "trainer": f"modelopt.torch.speculative eagle3 ({config.hidden_states}, frozen target)"
-                   + (f", DDP over {result['world_size']} processes" if result["world_size"] > 1 else ""),
+                   + (f", DDP over {result['world_size']} processes" if result["world_size"] > 1 else "")
+                   + (", target layers FSDP2-sharded" if placement["target_sharding"] == "fsdp" else ""),
         "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps),
         "data": _set_info(data)}
+    for name in ("target_layer_parameters", "target_layer_parameters_per_rank"):
+        if name in result:
+            metrics[name] = result[name]
     if hidden is not None:
         from trtbuild.eagle3.shards import shard_bytes
 
@@ -160,7 +165,7 @@ def _set_info(found: Any) -> dict[str, Any]:
             "shards_kept": found.kept}
 
 
-def training_placement(config: DraftConfig) -> dict[str, Any]:
+def training_placement(config: DraftConfig, target_bytes: int = 0) -> dict[str, Any]:
     """Device, forward autocast dtype and target dtype of the training, from `draft.train`."""
     from trtbuild.eagle3.distributed import resolve_autocast, resolve_backend, resolve_device
 
@@ -176,8 +181,24 @@ def training_placement(config: DraftConfig) -> dict[str, Any]:
     if backend == "nccl" and device != "cuda":
         raise UserError("draft.train.backend nccl needs device cuda", field="draft.train.backend",
                         fix="use backend gloo (or auto) on the CPU")
-    return {"device": device, "autocast": autocast, "backend": backend,
-            "target_dtype": "bfloat16" if device == "cuda" and autocast == "bfloat16" else "float32"}
+    target_dtype = "bfloat16" if device == "cuda" and autocast == "bfloat16" else "float32"
+    return {"device": device, "autocast": autocast, "backend": backend, "target_dtype": target_dtype,
+            "target_sharding": _target_sharding(config, device, target_bytes, target_dtype)}
+
+
+def _target_sharding(config: DraftConfig, device: str, target_bytes: int, target_dtype: str) -> str:
+    """fsdp or none (eagle3/sharding.py); target_bytes: the checkpoint's files, taken as 16-bit weights."""
+    from trtbuild.eagle3.sharding import resolve
+
+    if config.hidden_states == "offline":
+        return "none"  # the ranks hold the target's head only
+    gpu_bytes = None
+    if device == "cuda":
+        import torch
+
+        gpu_bytes = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+    held = target_bytes if target_dtype == "bfloat16" else 2 * target_bytes
+    return resolve(config.train.target_sharding, device, config.train.world_size(), held, gpu_bytes)
 
 
 def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: Any, placement: dict[str, Any],
@@ -203,7 +224,8 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
                               pool_file=str(pool_file.resolve()), arch=asdict(arch),
                               plan=asdict(plan), target_dtype=placement["target_dtype"],
                               backend=placement["backend"],
-                              hidden_dir=str(hidden_dir.resolve()) if hidden_dir is not None else None)
+                              hidden_dir=str(hidden_dir.resolve()) if hidden_dir is not None else None,
+                              target_sharding=placement["target_sharding"])
     job_file = dist_train.write_job(job, model)
     what = f"draft: training EAGLE-3 ({settings.processes} processes x {settings.nodes} nodes, {placement['backend']})"
     if settings.nodes == 1:

@@ -62,6 +62,11 @@ class DraftTraining(StageConfig):
                                          "in one process (gradient accumulation up to its shard of the "
                                          "global batch). Default: the whole shard.")
     slurm: DraftTrainSlurm = Field(default_factory=DraftTrainSlurm, description="sbatch settings (nodes > 1).")
+    target_sharding: Literal["auto", "none", "fsdp"] = Field(
+        default="auto", description="Online training with several processes: fsdp shards every frozen target "
+        "decoder layer over all ranks with FSDP2 (each rank holds 1/world of them and all-gathers one layer at "
+        "a time), for a target that does not fit one GPU; none keeps a whole copy per rank. auto: fsdp on CUDA "
+        "when the target's weights take more than half of one GPU's memory, else none.")
 
     def world_size(self) -> int:
         return self.processes * self.nodes
@@ -153,6 +158,12 @@ class DraftConfig(StageConfig):
         if self.batch_size % world:
             raise ValueError(f"batch_size {self.batch_size} does not split over train.processes x train.nodes = "
                              f"{world} (each process takes an equal shard of every global batch)")
+        if self.train.target_sharding == "fsdp" and world == 1:
+            raise ValueError("train.target_sharding fsdp shards the target over several processes: set "
+                             "train.processes (or nodes) above 1, or target_sharding auto")
+        if self.train.target_sharding == "fsdp" and self.hidden_states == "offline":
+            raise ValueError("train.target_sharding fsdp shards the target's layers, which offline training "
+                             "does not load (hidden_states: offline): use one of the two")
         micro = self.train.micro_batch_size
         if micro is not None and (self.batch_size // world) % micro:
             raise ValueError(f"train.micro_batch_size {micro} does not divide the per-process shard "

@@ -45,6 +45,7 @@ class TrainJob:
     target_dtype: str  # how each rank loads the target: float32 (CPU) or bfloat16 (CUDA)
     backend: str  # gloo | nccl
     hidden_dir: str | None = None  # offline: the hidden-state shard set the ranks train from
+    target_sharding: str = "none"  # fsdp: each rank holds 1/world of the target's layers (eagle3/sharding.py)
 
 
 def resolve_device(device: str) -> str:
@@ -278,12 +279,17 @@ def run_rank(job_file: Path) -> None:
         model = convert_to_eagle3(target, DraftArch(**job.arch), init.get("d2t"))
         model.eagle_module.float()  # the draft trains in float32 (autocast, when on, casts the forward)
         model.eagle_module.load_state_dict(init)
+        sharded: dict[str, int] = {}
+        if job.target_sharding == "fsdp":
+            from trtbuild.eagle3.sharding import shard_target
+
+            sharded = shard_target(model, "cuda" if plan.device.startswith("cuda") else "cpu")
         pool = load_file(job.pool_file)["pool"]
         result = train(model, pool, plan, resume, _RankProgress(rank == 0), features)  # type: ignore[arg-type]
         if rank == 0:
             weights = {k: v.detach().contiguous().cpu() for k, v in model.eagle_module.state_dict().items()}
             _atomic(resume / TRAINED_FILE, lambda tmp: save_file(weights, str(tmp)))
-            record = {**asdict(result), "sha256": sha256_file(resume / TRAINED_FILE)}
+            record = {**asdict(result), **sharded, "sha256": sha256_file(resume / TRAINED_FILE)}
             _atomic(resume / RESULT_FILE, lambda tmp: tmp.write_text(json.dumps(record)))
         dist.barrier()
     finally:

@@ -224,8 +224,12 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        # Only parameters that require grad are synchronised: the draft's. Construction broadcasts
-        # rank 0's weights (every rank loaded the same ones; this makes sure).
+        from trtbuild.eagle3.sharding import ignore_for_ddp
+
+        # DDP synchronises the draft only: construction broadcasts rank 0's draft weights (every rank
+        # loaded the same ones; this makes sure); the frozen target is every rank's own copy from disk,
+        # or FSDP2's shards.
+        ignore_for_ddp(model)
         forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     autocast = (torch.autocast(device.type, dtype=getattr(torch, plan.autocast)) if plan.autocast
                 else nullcontext())

@@ -1,0 +1,76 @@
+"""FSDP2 for the frozen target of online draft training, when it does not fit one device.
+
+Each training rank holds 1/world of every target decoder layer (`torch.distributed.fsdp.fully_shard`
+per layer, one device mesh over all ranks); a layer's forward all-gathers its weights and frees them
+after (reshard_after_forward), so a rank's peak is its shards plus one whole layer. The target is
+frozen, so nothing is reduce-scattered back. Embeddings, final norm and lm_head stay whole on every
+rank: ModelOpt's EAGLE module calls them directly outside the base model's forward, and a tied
+lm_head shares its weight with the embeddings. The draft itself is small and replicated (DDP).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+# Sharding pays for itself only when the whole target would not fit: below this share of one GPU's
+# memory `auto` keeps a whole copy per rank (no all-gather per layer and step).
+AUTO_SHARE_OF_GPU = 0.5
+
+
+def target_layers(model: nn.Module) -> nn.ModuleList:
+    """The target's decoder layers: the first `layers` ModuleList outside the EAGLE module."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, nn.ModuleList) and "eagle_module" not in name:
+            return module
+    raise ValueError("no decoder-layer list (`layers`) found in the target")
+
+
+def resolve(setting: str, device: str, world: int, target_bytes: int, gpu_bytes: int | None) -> str:
+    """fsdp or none: `auto` shards on CUDA when the target's weights take more than AUTO_SHARE_OF_GPU of
+    one GPU and there is more than one rank to share them."""
+    if setting != "auto":
+        return setting
+    if device != "cuda" or world == 1 or not gpu_bytes:
+        return "none"
+    return "fsdp" if target_bytes > AUTO_SHARE_OF_GPU * gpu_bytes else "none"
+
+
+def shard_target(model: nn.Module, device_type: str) -> dict[str, int]:
+    """fully_shard every target decoder layer over all ranks (each layer's shards move to this rank's
+    device). Returns the target's decoder-layer parameter count, whole and held by this rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    layers = target_layers(model)
+    whole = sum(p.numel() for p in layers.parameters())
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    return {"target_layer_parameters": whole, "target_layer_parameters_per_rank": held(layers)}
+
+
+def held(module: nn.Module) -> int:
+    """Parameter elements this rank stores (a sharded DTensor counts its local shard)."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in module.parameters())
+
+
+def frozen_names(model: nn.Module) -> list[str]:
+    """Parameters and buffers outside the draft, for DDP to leave alone: every rank loaded the same target
+    from disk (broadcasting it would send the whole model over the network), and sharded ones are
+    FSDP's."""
+    names = [n for n, _ in model.named_parameters() if not n.startswith("eagle_module.")]
+    return names + [n for n, _ in model.named_buffers() if not n.startswith("eagle_module.")]
+
+
+def ignore_for_ddp(model: nn.Module) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, frozen_names(model))
+
+
+def describe(counts: dict[str, Any]) -> str:
+    whole, mine = counts["target_layer_parameters"], counts["target_layer_parameters_per_rank"]
+    return f"target layers sharded with FSDP2: {mine / 1e6:.1f}M of {whole / 1e6:.1f}M parameters per rank"
