@@ -45,3 +45,21 @@ def test_the_target_layers_are_sharded_and_only_the_draft_is_left_to_ddp(tmp_pat
     assert trainable and not trainable & frozen
     assert all(n.startswith("eagle_module.") for n in trainable)
     assert {n for n, _ in model.named_parameters()} - trainable <= frozen
+
+
+def test_plan_says_how_a_target_too_big_for_one_gpu_is_held() -> None:
+    from trtbuild.eagle3.config import DraftConfig
+    from trtbuild.gpu_plan import _target_fit
+
+    maverick = 800e9  # BF16 bytes
+    sharded = DraftConfig(batch_size=64, train={"processes": 8, "nodes": 4})
+    [line] = _target_fit(sharded, sharded.train, 32, maverick)
+    assert "FSDP2 over 32 ranks: ~25 GB of 800 GB per rank (fits" in line
+    [line] = _target_fit(sharded, sharded.train, 8, maverick)
+    assert "~100 GB" in line and "still exceeds" in line
+    alone = DraftConfig()
+    [line] = _target_fit(alone, alone.train, 1, maverick)
+    assert line.strip().startswith("!!") and "draft.train.processes" in line
+    offline = DraftConfig(hidden_states="offline")
+    assert _target_fit(offline, offline.train, 1, maverick) == []
+    assert _target_fit(alone, alone.train, 1, 16e9) == []  # an 8B target fits one GPU

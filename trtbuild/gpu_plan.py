@@ -131,6 +131,27 @@ def _checkpoint_quant(recipe: Any) -> str | None:
     return quant.get("quant_algo") if isinstance(quant, dict) else None
 
 
+def _target_fit(draft: Any, settings: Any, world: int, target_bytes: float) -> list[str]:
+    """How the BF16 target is held by online training when it exceeds one GPU (eagle3/sharding.py)."""
+    from trtbuild.eagle3.sharding import AUTO_SHARE_OF_GPU
+
+    gpu = ONE_GPU_GB * 1e9
+    if draft.hidden_states == "offline" or target_bytes <= AUTO_SHARE_OF_GPU * gpu:
+        return []
+    sharding = getattr(settings, "target_sharding", "none") if world > 1 else "none"
+    if sharding != "none":
+        per_rank = target_bytes / world
+        verdict = "fits" if per_rank <= AUTO_SHARE_OF_GPU * gpu else "!! still exceeds half of"
+        return [f"     target layers sharded with FSDP2 over {world} ranks: ~{per_rank / 1e9:.0f} GB of "
+                f"{target_bytes / 1e9:.0f} GB per rank ({verdict} an {ONE_GPU_GB:.0f} GB GPU); each rank "
+                "reads the whole checkpoint into host memory first"]
+    if target_bytes <= gpu:
+        return []
+    return ["     !! the target does not fit one GPU for online training: set draft.train.processes (with "
+            "target_sharding auto or fsdp, FSDP2 shards it over the ranks) or hidden_states: offline "
+            "(docs/gpu-path.md)"]
+
+
 def _draft_step(recipe: Any, params: int) -> list[str]:
     draft = recipe.stage_config("draft")
     if draft is None or draft.source == "none":
@@ -148,13 +169,7 @@ def _draft_step(recipe: Any, params: int) -> list[str]:
                  + (", srun under Slurm)" if settings.nodes > 1 else ")"))
         line = (f"     draft: EAGLE-3 training with ModelOpt (modelopt.torch.speculative) {where}, "
                 f"{draft.total_steps()} steps of {draft.batch_size} x {draft.seq_len} tokens; {evaluation}")
-        lines = [line]
-        if 2.0 * params > ONE_GPU_GB * 1e9:
-            lines.append("     !! the target does not fit one GPU for online training: train with "
-                         "ModelOpt's examples/speculative_decoding/launch_train.sh (accelerate launch, "
-                         "FSDP), export with scripts/export_hf_checkpoint.py, then set draft.source: path "
-                         "(docs/gpu-path.md)")
-        return lines
+        return [line, *_target_fit(draft, settings, world, 2.0 * params)]
     waived = f", waiving {', '.join(draft.compat_ignore)}" if draft.compat_ignore else ""
     name = draft.repo_id if draft.source == "hub" else draft.path
     return [f"     draft: loads {name} and checks it against the target (config, tensor shapes, d2t, "
