@@ -209,7 +209,7 @@ class _StopAtChunk(Progress):
 
 def test_interrupted_data_step_keeps_its_shards_and_makes_the_same_pool(target: Path, isolated_cache: Path) -> None:
     from trtbuild.eagle3.config import DraftConfig
-    from trtbuild.eagle3.data import greedy_continue, make_rows
+    from trtbuild.eagle3.data import greedy_fill, make_rows
     from trtbuild.eagle3.draft_data import _pool_spec, data_key, ensure_data, load_pool
     from trtbuild.eagle3.model import load_target
     from trtbuild.layout import DRAFT_DATA
@@ -227,7 +227,7 @@ def test_interrupted_data_step_keeps_its_shards_and_makes_the_same_pool(target: 
     # the same rows as one pass over the whole pool (one batch per prompt length)
     spec = _pool_spec(config, target, None)
     model = load_target(target)
-    whole = make_rows(spec, 0, len(spec), lambda p, n: greedy_continue(model, p, n), 128)
+    whole = make_rows(spec, 0, len(spec), lambda p, n: greedy_fill(model, p, n), 128)
     assert torch.equal(load_pool(made.path), whole)
     again = ensure_data(config.model_copy(update={"lr": 0.5, "steps": 7}), target, "target-key", None, Progress())
     assert again.reused and again.path == made.path

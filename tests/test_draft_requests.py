@@ -107,3 +107,24 @@ def test_synthetic_requests_need_a_distilled_share() -> None:
 
     with pytest.raises(ValidationError, match="distill_fraction"):
         DraftConfig(synthetic_requests=10, distill_fraction=0.0)
+
+
+def test_requests_of_many_lengths_answered_in_one_batch_get_their_own_greedy_answers(target: Path) -> None:
+    """greedy_fill left-pads one batch; each row must be what the target answers that prompt alone
+    (transformers' own greedy `generate`, one prompt at a time)."""
+    from trtbuild.eagle3.data import greedy_fill
+
+    model, _ = _model_and_tokenizer(target)
+    with torch.no_grad():  # sharp attention and large outputs: positions and padding decide the tokens
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30)
+            layer.self_attn.k_proj.weight.mul_(30)
+            layer.self_attn.o_proj.weight.mul_(10)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 384, (n,), generator=generator).tolist() for n in (3, 11, 7, 11, 20)]
+    filled = greedy_fill(model, prompts, 32)
+    assert filled.shape == (5, 32)
+    for row, prompt in zip(filled, prompts, strict=True):
+        alone = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32 - len(prompt),
+                               min_new_tokens=32 - len(prompt), pad_token_id=0)[0]
+        assert row.tolist() == alone.tolist()

@@ -52,19 +52,33 @@ def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
 
 
 @torch.no_grad()
-def greedy_continue(model: nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """prompts [B, P] -> [B, P + new_tokens], greedy with a KV cache (through EOS: the target's
-    behaviour after EOS is still the target's behaviour)."""
-    out = model(input_ids=prompts, use_cache=True)
-    cache = out.past_key_values
+def greedy_fill(model: nn.Module, prompts: list[list[int]], seq_len: int) -> torch.Tensor:
+    """Prompts of any lengths, each continued greedily to seq_len tokens -> [B, seq_len]. One batch:
+    the prompts are left-padded, the attention mask hides the padding and positions count real
+    tokens only, so a row is its own greedy continuation (up to batched float rounding, as any
+    batch size gives). Rows are cut to their own length; shorter prompts run the most steps."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     generated = [token]
-    for _ in range(new_tokens - 1):
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+    for _ in range(seq_len - min(len(p) for p in prompts) - 1):
+        mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], 1)
+        positions = positions[:, -1:] + 1
+        out = model(input_ids=token, attention_mask=mask, position_ids=positions,
+                    past_key_values=out.past_key_values, use_cache=True)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         generated.append(token)
-    return torch.cat([prompts, *generated], dim=1)
+    answers = torch.cat(generated, 1).cpu()
+    return torch.stack([torch.cat([torch.tensor(p), answers[row, :seq_len - len(p)]])
+                        for row, p in enumerate(prompts)])
 
 
 @dataclass
@@ -110,28 +124,25 @@ def chat_prompt_rows(requests: list[list[int]], count: int, plan: DataPlan) -> l
     return [requests[order[i % len(order)]][-keep:] for i in range(count)]
 
 
-Generate = Callable[[torch.Tensor, int], torch.Tensor]  # prompts [B, P], new tokens -> [B, P + new]
+Generate = Callable[[list[list[int]], int], torch.Tensor]  # prompts (any lengths), seq_len -> [B, seq_len]
 
 
 def make_rows(spec: PoolSpec, start: int, stop: int, generate: Generate | None, gen_batch: int,
               advance: Callable[[int], None] = lambda n: None) -> torch.Tensor:
-    """Rows start..stop-1 of the pool [stop - start, seq_len]; prompts of one length are generated
-    together in batches of gen_batch (`generate` may be None when the range holds no prompt)."""
+    """Rows start..stop-1 of the pool [stop - start, seq_len]; the prompts are generated together in
+    batches of gen_batch, sorted by length so a batch pads little (`generate` may be None when the
+    range holds no prompt)."""
     n_text = len(spec.windows)
     rows: list[torch.Tensor | None] = [None] * (stop - start)
     for i in range(start, min(stop, n_text)):
         rows[i - start] = spec.windows[i]
-    by_length: dict[int, list[int]] = {}
-    for i in range(max(start, n_text), stop):
-        by_length.setdefault(len(spec.prompts[i - n_text]), []).append(i)
-    for length, members in sorted(by_length.items()):
+    members = sorted(range(max(start, n_text), stop), key=lambda i: (len(spec.prompts[i - n_text]), i))
+    for first in range(0, len(members), gen_batch):
         assert generate is not None, "rows with prompts need a generator"
-        for first in range(0, len(members), gen_batch):
-            chunk = members[first:first + gen_batch]
-            prompts = torch.tensor([spec.prompts[i - n_text] for i in chunk], dtype=torch.long)
-            for i, row in zip(chunk, generate(prompts, spec.seq_len - length), strict=True):
-                rows[i - start] = row
-            advance(len(chunk))
+        chunk = members[first:first + gen_batch]
+        for i, row in zip(chunk, generate([spec.prompts[i - n_text] for i in chunk], spec.seq_len), strict=True):
+            rows[i - start] = row
+        advance(len(chunk))
     return torch.stack([r for r in rows if r is not None])
 
 
@@ -140,5 +151,5 @@ def build_pool(model: nn.Module, tokenizer: Any, texts: list[str], plan: DataPla
     """LongTensor [samples, seq_len]: text windows followed by generated sequences."""
     spec = pool_spec(tokenizer, texts, plan)
     with progress.task("draft: target continuations", len(spec.prompts)) as bar:
-        return make_rows(spec, 0, len(spec), lambda p, n: greedy_continue(model, p, n), plan.gen_batch,
+        return make_rows(spec, 0, len(spec), lambda p, n: greedy_fill(model, p, n), plan.gen_batch,
                          lambda n: bar.advance(n))

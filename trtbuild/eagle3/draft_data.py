@@ -153,20 +153,22 @@ def target_generator(target_dir: Path) -> Generate:
     """Greedy continuation by the target: TensorRT-LLM or transformers on CUDA, transformers on CPU."""
     import torch
 
-    from trtbuild.eagle3.data import greedy_continue, load_target
+    from trtbuild.eagle3.data import greedy_fill, load_target
 
     if torch.cuda.is_available():
         llm = _trtllm_generator(target_dir)
         if llm is not None:
             return llm
         model = load_target(target_dir, dtype=torch.bfloat16).to("cuda")
-        return lambda prompts, new: greedy_continue(model, prompts.to("cuda"), new).cpu()
+        return lambda prompts, seq_len: greedy_fill(model, prompts, seq_len)
     model = load_target(target_dir)
-    return lambda prompts, new: greedy_continue(model, prompts, new)
+    return lambda prompts, seq_len: greedy_fill(model, prompts, seq_len)
 
 
 def _trtllm_generator(target_dir: Path) -> Generate | None:
-    """TensorRT-LLM's LLM API (PyTorch backend) when importable; token ids in, token ids out."""
+    """TensorRT-LLM's LLM API (PyTorch backend) when importable; token ids in, token ids out, one
+    SamplingParams per prompt (`LLM.generate` takes a list: tensorrt_llm/llmapi/llm.py@00966934, the
+    snapshot the index holds, not re-read at 1.1.0)."""
     try:
         from tensorrt_llm import LLM, SamplingParams
     except ImportError:
@@ -175,15 +177,16 @@ def _trtllm_generator(target_dir: Path) -> Generate | None:
 
     llm = LLM(model=str(target_dir))
 
-    def generate(prompts: torch.Tensor, new: int) -> torch.Tensor:
-        params = SamplingParams(max_tokens=new, top_k=1, ignore_eos=True)
-        outputs = llm.generate([p.tolist() for p in prompts], params)
+    def generate(prompts: list[list[int]], seq_len: int) -> torch.Tensor:
+        params = [SamplingParams(max_tokens=seq_len - len(p), top_k=1, ignore_eos=True) for p in prompts]
+        outputs = llm.generate(prompts, params)
         rows = []
         for prompt, output in zip(prompts, outputs, strict=True):
+            new = seq_len - len(prompt)
             tokens = list(output.outputs[0].token_ids)
             if len(tokens) < new:
                 raise RuntimeError(f"TensorRT-LLM returned {len(tokens)} of {new} tokens (max_seq_len too small?)")
-            rows.append(prompt.tolist() + tokens[:new])
+            rows.append(prompt + tokens[:new])
         return torch.tensor(rows, dtype=torch.long)
 
     return generate
