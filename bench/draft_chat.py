@@ -7,9 +7,9 @@ tests/real_checkpoint.py). Fields are DraftConfig's (`steps=150 lr=3e-3 samples=
 draft section of tests/data/smollm2-chat.yaml (the CI recipe; its data paths resolve there).
 The held-out prompts are the section's `eval` (tests/data/chat_eval.jsonl; override e.g.
 `eval={dataset: chat_eval.jsonl, prompts: 8, new_tokens: 64}`), rendered with the target's chat
-template as the served endpoint renders them. Prints one JSON line: data / training / evaluation seconds, training's
-per-step accuracy, and tau at chain 3 for the draft (with acceptance per position) and for n-gram
-prompt lookup, measured on the same prompts in the same run.
+template as the served endpoint renders them. Prints one JSON line: data / dump (offline) /
+training / evaluation seconds, training's per-step accuracy, and tau at chain 3 for the draft (with
+acceptance per position) and for n-gram prompt lookup, measured on the same prompts in the same run.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main(argv: list[str]) -> None:
     metrics = result["metrics"]
     row: dict[str, Any] = {"overrides": overrides, "data_seconds": metrics["data_seconds"],
                            "train_seconds": metrics["train_seconds"], "train_steps": metrics["train_steps"],
+                           "dump_seconds": metrics.get("dump_seconds"),  # hidden_states: offline only
                            "pool_sequences": metrics["pool_sequences"],
                            "train_step_accuracy": metrics["train_step_accuracy"]}
     source = config.eval.dataset.path or "chat_eval.jsonl"
