@@ -133,13 +133,14 @@ def _checkpoint_quant(recipe: Any) -> str | None:
 
 def _target_fit(draft: Any, settings: Any, world: int, target_bytes: float) -> list[str]:
     """How the BF16 target is held by online training when it exceeds one GPU (eagle3/sharding.py)."""
-    from trtbuild.eagle3.sharding import AUTO_SHARE_OF_GPU
+    from trtbuild.eagle3.sharding import AUTO_SHARE_OF_GPU, resolve
 
     gpu = ONE_GPU_GB * 1e9
     if draft.hidden_states == "offline" or target_bytes <= AUTO_SHARE_OF_GPU * gpu:
         return []
-    sharding = getattr(settings, "target_sharding", "none") if world > 1 else "none"
-    if sharding != "none":
+    # what the stage decides on a GPU host (eagle3/build.py), with this plan's GPU size
+    sharding = resolve(getattr(settings, "target_sharding", "none"), "cuda", world, int(target_bytes), int(gpu))
+    if sharding == "fsdp":
         per_rank = target_bytes / world
         verdict = "fits" if per_rank <= AUTO_SHARE_OF_GPU * gpu else "!! still exceeds half of"
         return [f"     target layers sharded with FSDP2 over {world} ranks: ~{per_rank / 1e9:.0f} GB of "

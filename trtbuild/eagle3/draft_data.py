@@ -105,6 +105,7 @@ def synthetic_requests(config: Any, target_dir: Path, work: Path, progress: Prog
 
 
 def _generation_model(target_dir: Path) -> Any:
+    """The target through transformers: bfloat16 on CUDA when there is a GPU, float32 on the CPU."""
     import torch
 
     from trtbuild.eagle3.data import load_target
@@ -153,15 +154,13 @@ def target_generator(target_dir: Path) -> Generate:
     """Greedy continuation by the target: TensorRT-LLM or transformers on CUDA, transformers on CPU."""
     import torch
 
-    from trtbuild.eagle3.data import greedy_fill, load_target
+    from trtbuild.eagle3.data import greedy_fill
 
     if torch.cuda.is_available():
         llm = _trtllm_generator(target_dir)
         if llm is not None:
             return llm
-        model = load_target(target_dir, dtype=torch.bfloat16).to("cuda")
-        return lambda prompts, seq_len: greedy_fill(model, prompts, seq_len)
-    model = load_target(target_dir)
+    model = _generation_model(target_dir)
     return lambda prompts, seq_len: greedy_fill(model, prompts, seq_len)
 
 

@@ -50,7 +50,7 @@ def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
 def synthesize(model: Any, tokenizer: Any, count: int, seed: int, max_tokens: int,
                advance: Any = lambda n: None) -> list[str]:
     """`count` distinct non-empty requests (fewer only when 4x count samples gave no more)."""
-    prefix = torch.tensor([user_turn_prefix(tokenizer)], device=model.device)
+    prefix = torch.tensor([user_turn_prefix(tokenizer)], device=model.device).expand(BATCH, -1)
     stops = end_of_turn_ids(model, tokenizer)
     seen: set[str] = set()
     requests: list[str] = []
@@ -58,9 +58,9 @@ def synthesize(model: Any, tokenizer: Any, count: int, seed: int, max_tokens: in
         if len(requests) >= count:
             break
         torch.manual_seed(seed * 1_000_003 + batch)
-        out = model.generate(prefix.expand(BATCH, -1), do_sample=True, temperature=TEMPERATURE, top_p=TOP_P,
-                             top_k=0, max_new_tokens=max_tokens, eos_token_id=stops, pad_token_id=stops[0],
-                             attention_mask=torch.ones_like(prefix.expand(BATCH, -1)))
+        out = model.generate(prefix, do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, top_k=0,
+                             max_new_tokens=max_tokens, eos_token_id=stops, pad_token_id=stops[0],
+                             attention_mask=torch.ones_like(prefix))
         for row in out[:, prefix.shape[1]:].tolist():
             cut = next((i for i, t in enumerate(row) if t in stops), len(row))
             text = tokenizer.decode(row[:cut], skip_special_tokens=True).strip()

@@ -10,8 +10,6 @@ lm_head shares its weight with the embeddings. The draft itself is small and rep
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 # Sharding pays for itself only when the whole target would not fit: below this share of one GPU's
@@ -69,8 +67,3 @@ def ignore_for_ddp(model: nn.Module) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, frozen_names(model))
-
-
-def describe(counts: dict[str, Any]) -> str:
-    whole, mine = counts["target_layer_parameters"], counts["target_layer_parameters_per_rank"]
-    return f"target layers sharded with FSDP2: {mine / 1e6:.1f}M of {whole / 1e6:.1f}M parameters per rank"
