@@ -111,7 +111,9 @@ def test_synthetic_requests_need_a_distilled_share() -> None:
 
 def test_requests_of_many_lengths_answered_in_one_batch_get_their_own_greedy_answers(target: Path) -> None:
     """greedy_fill left-pads one batch; each row must be what the target answers that prompt alone
-    (transformers' own greedy `generate`, one prompt at a time)."""
+    (transformers' own greedy `generate`, one prompt at a time). Exact tokens hold on another CPU's
+    rounding: along these paths the smallest top-1 / top-2 logit gap is 2.5e-4 (median 0.03), some
+    hundred times the float32 difference between a batched and a single forward of this model."""
     from trtbuild.eagle3.data import greedy_fill
 
     model, _ = _model_and_tokenizer(target)
