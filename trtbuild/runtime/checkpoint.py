@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from trtbuild.errors import UserError
+from trtbuild.runtime.layers import LinearParts
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -65,14 +66,14 @@ class Weights:
     def optional(self, name: str) -> torch.Tensor | None:
         return self.state[name].to(self.device, self.dtype) if name in self.state else None
 
-    def linear(self, prefix: str, out_features: int, in_features: int
-               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(weight in compute dtype, bias, input_scale) of `prefix`.{weight,...}.
+    def linear(self, prefix: str, out_features: int, in_features: int) -> LinearParts:
+        """(weight in compute dtype, bias, input_scale, weight_scale) of `prefix`.{weight,...}.
 
-        FP8 weights are dequantized with their `weight_scale` (per tensor or per output row).
+        FP8 weights are dequantized with their `weight_scale` (per tensor or per output row),
+        which is returned too: on CPU the runtime recovers the FP8 grid from the two.
         """
         weight = self.get(f"{prefix}.weight", (out_features, in_features))
-        input_scale = None
+        input_scale = scale = None
         if weight.dtype == torch.float8_e4m3fn:
             scale = self.get(f"{prefix}.weight_scale").to(torch.float32)
             if scale.numel() == 1:
@@ -89,7 +90,7 @@ class Weights:
             raise UserError(f"{prefix}.weight has dtype {weight.dtype}; the runtime reads float and "
                             "float8_e4m3fn weights", file=str(self.source))
         bias = self.optional(f"{prefix}.bias")
-        return weight.to(self.device, self.dtype), bias, input_scale
+        return LinearParts(weight.to(self.device, self.dtype), bias, input_scale, scale)
 
     def fp8(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(float8 weight, per-tensor weight_scale) of an FP8 linear, else None."""

@@ -3,14 +3,20 @@
 FP8 follows ModelOpt's unified export: a linear's weight is float8_e4m3fn with a float32
 `weight_scale`, and its input is quantized per tensor with the calibrated `input_scale`
 (x -> fp8(x / input_scale) * input_scale), so the numbers are those an FP8 GEMM with float32
-accumulation would produce. CPUs have no FP8 GEMM: the weight is dequantized once at load and
-the input scale is folded into it, leaving one rounding of the input to the FP8 grid per call.
+accumulation would produce. CPUs have no FP8 GEMM: on CPU the FP8 dot products are computed
+exactly in integers (trtbuild.runtime.fp8_exact); elsewhere, or for a weight that is not on the
+FP8 grid, the weight is dequantized once with the input scale folded in, leaving one rounding of
+the input to the FP8 grid per call.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+
+from trtbuild.runtime import fp8_exact
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # computed through float32 where an op needs it
@@ -60,29 +66,47 @@ def gemm64(x: torch.Tensor, weight_t: torch.Tensor, weight: torch.Tensor) -> tor
     return F.linear(x, weight)
 
 
+class LinearParts(NamedTuple):
+    """What a linear is built from, as trtbuild.runtime.checkpoint reads it."""
+
+    weight: torch.Tensor  # [out, in], compute dtype (FP8: dequantized)
+    bias: torch.Tensor | None
+    input_scale: torch.Tensor | None  # FP8: the calibrated per-tensor input scale
+    weight_scale: torch.Tensor | None = None  # FP8: float32, per tensor (one element) or per row [out]
+
+
 class Linear:
     """y = x W^T (+ b). With `input_scale`, x is rounded to FP8 first (per-tensor scale).
 
     The weight is kept transposed ([in, out], contiguous): on CPU `x @ W_t` runs 15-20% faster
-    than F.linear for the 1-16 rows of a float32 decode or verification step. A float64 weight is
-    also kept as [out, in] for `gemm64` (twice the memory of that weight: the FP8-on-CPU path is
-    for models small enough to run on a CPU at all).
+    than F.linear for the 1-16 rows of a float32 decode or verification step. An FP8 weight on CPU
+    whose `weight_scale` is known is kept as integer planes instead (`fp8_exact`: exact dot
+    products, 3 bytes a weight). Any other FP8 weight accumulates in float64 and is also kept as
+    [out, in] for `gemm64` (twice the memory of that weight: the FP8-on-CPU path is for models
+    small enough to run on a CPU at all).
     """
 
-    __slots__ = ("weight_t", "weight_rows", "bias", "inv_scale", "plugin")
+    __slots__ = ("weight_t", "weight_rows", "bias", "inv_scale", "plugin", "exact")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 input_scale: torch.Tensor | None = None,
+                 input_scale: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
                  fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """fp8: the checkpoint's (float8 weight, per-tensor weight_scale); with an input scale, decode-sized
         calls go to the GEMM plugins' op (trtbuild/runtime/gemm_plugin.py) when one is active."""
+        self.exact: fp8_exact.ExactFp8Gemm | None = None
+        self.weight_t: torch.Tensor | None = None
+        self.weight_rows: torch.Tensor | None = None
         if input_scale is not None:
             # ModelOpt rounds x * (448 / amax) with amax = input_scale * 448; computing that factor
             # the same way keeps the FP8 rounding decisions identical to its fake quantization.
             inv = 448.0 / (input_scale.to(torch.float32) * 448.0)
+            self.exact = _exact_gemm(weight, weight_scale, inv)
+        if self.exact is not None:
+            self.inv_scale: torch.Tensor | None = self.exact.inv
+        elif input_scale is not None:
             # fp8(x * inv) / inv @ W^T == fp8(x * inv) @ (W / inv)^T: fold the dequant into W once.
             weight = weight * (1.0 / inv).to(weight.dtype)
-            self.inv_scale: torch.Tensor | None = inv.to(weight.dtype)
+            self.inv_scale = inv.to(weight.dtype)
             # Accumulate FP8 GEMMs in float64: a CPU GEMM's summation order depends on how many
             # rows it gets, and in float32 that noise flips FP8 input roundings downstream, so a
             # 1-token decode and a 17-token verification could disagree on near-tied logits. In
@@ -90,8 +114,9 @@ class Linear:
             weight = weight.to(torch.float64)
         else:
             self.inv_scale = None
-        self.weight_t = weight.t().contiguous()
-        self.weight_rows = weight.contiguous() if weight.dtype == torch.float64 else None
+        if self.exact is None:
+            self.weight_t = weight.t().contiguous()
+            self.weight_rows = weight.contiguous() if weight.dtype == torch.float64 else None
         self.bias = bias
         self.plugin = None
         if fp8 is not None and self.inv_scale is not None:
@@ -102,48 +127,81 @@ class Linear:
     @property
     def weight(self) -> torch.Tensor:
         """[out, in] view (the checkpoint's layout, input scale folded in)."""
+        if self.exact is not None:
+            return self.exact.dequantized()
+        assert self.weight_t is not None
         return self.weight_t.t()
 
     @property
     def out_features(self) -> int:
+        if self.exact is not None:
+            return self.exact.n
+        assert self.weight_t is not None
         return self.weight_t.shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.plugin is not None and x.numel() <= 16 * x.shape[-1]:  # decode-sized: the plugin op
             out = self.plugin(x, self.inv_scale)
-        elif self.inv_scale is not None:
-            # fp8(x * inv) in the weight's float64; no-op casts skipped (each is a dispatcher call)
-            q = (x * self.inv_scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(self.weight_t.dtype)
-            out = q @ self.weight_t if self.weight_rows is None else gemm64(q, self.weight_t, self.weight_rows)
-            if out.dtype != x.dtype:
-                out = out.to(x.dtype)
-        elif self.weight_rows is not None and x.dtype == torch.float64:
-            out = gemm64(x, self.weight_t, self.weight_rows)
+        elif self.exact is not None:
+            out = self.exact(x)
         else:
-            out = x @ self.weight_t
+            assert self.weight_t is not None
+            if self.inv_scale is not None:
+                # fp8(x * inv) in the weight's float64; no-op casts skipped (each is a dispatcher call)
+                q = (x * self.inv_scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(self.weight_t.dtype)
+                out = q @ self.weight_t if self.weight_rows is None else gemm64(q, self.weight_t, self.weight_rows)
+                if out.dtype != x.dtype:
+                    out = out.to(x.dtype)
+            elif self.weight_rows is not None and x.dtype == torch.float64:
+                out = gemm64(x, self.weight_t, self.weight_rows)
+            else:
+                out = x @ self.weight_t
         if self.bias is not None:
             out += self.bias
         return out
 
 
-def fuse_linears(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> list[Linear]:
+def _exact_gemm(weight: torch.Tensor, weight_scale: torch.Tensor | None, inv: torch.Tensor
+                ) -> fp8_exact.ExactFp8Gemm | None:
+    """The integer FP8 GEMM for a CPU weight on the FP8 grid of `weight_scale`, else None."""
+    if weight_scale is None or weight.device.type != "cpu" or not fp8_exact.available():
+        return None
+    if weight.shape[1] > fp8_exact.MAX_K:
+        return None
+    row_scale = weight_scale.to(torch.float32).reshape(-1).expand(weight.shape[0])
+    grid = fp8_exact.grid_of(weight, row_scale)
+    if grid is None:
+        return None
+    return fp8_exact.ExactFp8Gemm(grid, row_scale, inv)
+
+
+def _row_scales(part: LinearParts) -> torch.Tensor | None:
+    if part.weight_scale is None:
+        return None
+    return part.weight_scale.to(torch.float32).reshape(-1).expand(part.weight.shape[0])
+
+
+def fuse_linears(parts: list[LinearParts]) -> list[Linear]:
     """One Linear over concatenated outputs when the parts share their input quantization.
 
     q/k/v (and gate/up) read the same input; ModelOpt's export gives them one input scale, so a
     single GEMM is exact. If the scales differ the parts stay separate.
     """
-    scales = [s for _, _, s in parts]
+    parts = [LinearParts(*part) for part in parts]
+    scales = [part.input_scale for part in parts]
     same = all(s is None for s in scales) or (
         all(s is not None for s in scales) and all(torch.equal(scales[0], s) for s in scales))
     if not same:
-        return [Linear(w, b, s) for w, b, s in parts]
-    weight = torch.cat([w for w, _, _ in parts], 0)
-    biases = [b for _, b, _ in parts]
+        return [Linear(*part) for part in parts]
+    weight = torch.cat([part.weight for part in parts], 0)
+    biases = [part.bias for part in parts]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0])
-                          for (w, _, _), b in zip(parts, biases, strict=True)])
-    return [Linear(weight, bias, scales[0])]
+        bias = torch.cat([part.bias if part.bias is not None else part.weight.new_zeros(part.weight.shape[0])
+                          for part in parts])
+    rows = [_row_scales(part) for part in parts]
+    weight_scale = None if any(r is None for r in rows) else torch.cat(rows)  # type: ignore[arg-type]
+    return [Linear(weight, bias, scales[0], weight_scale)]
 
 
 def apply_linears(linears: list[Linear], x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from trtbuild.errors import UserError
 from trtbuild.runtime.checkpoint import Weights
-from trtbuild.runtime.layers import Linear, apply_linears, fuse_linears
+from trtbuild.runtime.layers import Linear, LinearParts, apply_linears, fuse_linears
 
 
 @dataclass
@@ -61,22 +61,29 @@ class MoE:
         return (out + routed).view(shape)
 
 
-def expert_from_hf(gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate_up_input_scale: torch.Tensor | None = None,
-                   down_input_scale: torch.Tensor | None = None) -> Expert:
+# (input scale, weight scale) of one expert's FP8 stacked parameter; None when unquantized
+StackedScales = tuple[torch.Tensor | None, torch.Tensor] | None
+
+
+def expert_from_hf(gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate_up: StackedScales = None,
+                   down: StackedScales = None) -> Expert:
     """An expert from Llama4TextExperts' stacked parameters of one expert: gate_up_proj [hidden,
-    2 * inter] (gate columns first) and down_proj [inter, hidden], both used as x @ W; with input
-    scales, each GEMM's input is rounded to FP8 first (see trtbuild.runtime.layers.Linear)."""
+    2 * inter] (gate columns first) and down_proj [inter, hidden], both used as x @ W; with (input
+    scale, weight scale) pairs, each GEMM's input is rounded to FP8 first (see
+    trtbuild.runtime.layers.Linear)."""
     inter = down_proj.shape[0]
-    gate = (gate_up_proj[:, :inter].t(), None, gate_up_input_scale)
-    up = (gate_up_proj[:, inter:].t(), None, gate_up_input_scale)
-    return Expert(fuse_linears([gate, up]), Linear(down_proj.t(), None, down_input_scale))
+    gate_up_scales = gate_up or (None, None)
+    down_scales = down or (None, None)
+    gate = LinearParts(gate_up_proj[:, :inter].t(), None, *gate_up_scales)
+    up = LinearParts(gate_up_proj[:, inter:].t(), None, *gate_up_scales)
+    return Expert(fuse_linears([gate, up]), Linear(down_proj.t(), None, *down_scales))
 
 
-def _stacked(w: Weights, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weights in the compute dtype, input scale or None) of a stacked expert parameter, FP8 or not."""
+def _stacked(w: Weights, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, list[StackedScales]]:
+    """(weights in the compute dtype, each expert's scales) of a stacked expert parameter, FP8 or not."""
     weight = w.get(name, shape)
     if weight.dtype != torch.float8_e4m3fn:
-        return weight.to(w.device, w.dtype), None
+        return weight.to(w.device, w.dtype), [None] * shape[0]
     scale = w.get(f"{name}_weight_scale").to(torch.float32)
     if scale.numel() == 1:
         scale = scale.reshape(1, 1, 1)
@@ -88,14 +95,15 @@ def _stacked(w: Weights, name: str, shape: tuple[int, ...]) -> tuple[torch.Tenso
     input_scale = w.state.get(f"{name}_input_scale")
     if input_scale is not None:
         input_scale = input_scale.to(w.device, torch.float32).reshape(())
-    return (weight.to(torch.float32) * scale).to(w.device, w.dtype), input_scale
+    per_expert = [(input_scale, scale[e if scale.shape[0] > 1 else 0].reshape(())) for e in range(shape[0])]
+    return (weight.to(torch.float32) * scale).to(w.device, w.dtype), per_expert
 
 
 def load_moe(w: Weights, prefix: str, hidden: int, inter: int, num_experts: int, top_k: int) -> MoE:
     """`prefix`.{router, experts, shared_expert} of a Llama4TextMoe as transformers saves it."""
-    gate_up, gate_up_scale = _stacked(w, f"{prefix}.experts.gate_up_proj", (num_experts, hidden, 2 * inter))
-    down, down_scale = _stacked(w, f"{prefix}.experts.down_proj", (num_experts, inter, hidden))
-    experts = [expert_from_hf(gate_up[e], down[e], gate_up_scale, down_scale) for e in range(num_experts)]
+    gate_up, gate_up_scales = _stacked(w, f"{prefix}.experts.gate_up_proj", (num_experts, hidden, 2 * inter))
+    down, down_scales = _stacked(w, f"{prefix}.experts.down_proj", (num_experts, inter, hidden))
+    experts = [expert_from_hf(gate_up[e], down[e], gate_up_scales[e], down_scales[e]) for e in range(num_experts)]
     shared = f"{prefix}.shared_expert"
     shared_gate_up = fuse_linears([w.linear(f"{shared}.gate_proj", inter, hidden),
                                    w.linear(f"{shared}.up_proj", inter, hidden)])

@@ -21,6 +21,7 @@ from trtbuild.runtime.kv_cache import KVCache
 from trtbuild.runtime.layers import (
     FakeQuantFP8,
     Linear,
+    LinearParts,
     apply_linears,
     apply_rope,
     attention,
@@ -32,6 +33,7 @@ from trtbuild.runtime.layers import (
     rope_table,
     rope_table_llama4,
 )
+from trtbuild.runtime.lm_head import RefinedHead
 from trtbuild.runtime.moe import MoE, load_moe
 
 
@@ -69,10 +71,7 @@ def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: in
     v = w.linear(f"{prefix}.self_attn.v_proj", nkv * d, in_features)
     if spec.llama4 is not None:
         return _llama4_layer(w, prefix, spec, index, [q, k, v])
-    q = (interleave_rope_rows(q[0], nq, d),
-         None if q[1] is None else interleave_rope_rows(q[1], nq, d), q[2])
-    k = (interleave_rope_rows(k[0], nkv, d),
-         None if k[1] is None else interleave_rope_rows(k[1], nkv, d), k[2])
+    q, k = _rope_interleaved(q, nq, d), _rope_interleaved(k, nkv, d)
     gate = w.linear(f"{prefix}.mlp.gate_proj", spec.intermediate_size, h)
     up = w.linear(f"{prefix}.mlp.up_proj", spec.intermediate_size, h)
     return DecoderLayer(
@@ -88,8 +87,17 @@ def load_decoder_layer(w: Weights, prefix: str, spec: LlamaSpec, in_features: in
     )
 
 
+def _rope_interleaved(parts: LinearParts, heads: int, head_dim: int) -> LinearParts:
+    """q or k projection rows in `interleave_rope_rows` order (bias and per-row scales with them)."""
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return t if t is None or t.numel() == 1 else interleave_rope_rows(t, heads, head_dim)
+
+    return parts._replace(weight=interleave_rope_rows(parts.weight, heads, head_dim), bias=rows(parts.bias),
+                          weight_scale=rows(parts.weight_scale))
+
+
 def _llama4_layer(w: Weights, prefix: str, spec: LlamaSpec, index: int,
-                  qkv: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> DecoderLayer:
+                  qkv: list[LinearParts]) -> DecoderLayer:
     """A Llama4TextDecoderLayer: q/k rows are already interleaved pairs (its apply_rotary_emb rotates
     adjacent dims), the feed-forward is `feed_forward.*`, dense or MoE."""
     l4 = spec.llama4
@@ -207,11 +215,16 @@ class TargetModel:
                        for i in range(spec.num_layers)]
         self.norm = weights.float("model.norm.weight", (h,))
         if weights.has("lm_head.weight"):
-            self.lm_head = Linear(*weights.linear("lm_head", spec.vocab_size, h))
+            head = weights.linear("lm_head", spec.vocab_size, h)
         elif spec.tie_word_embeddings:
-            self.lm_head = Linear(self.embed)  # (copies: the head wants [in, out])
+            head = LinearParts(self.embed, None, None)
         else:
             weights.get("lm_head.weight")  # raises the missing-tensor error
+        self.lm_head: Linear | RefinedHead
+        if self.dtype == torch.float64 and head.input_scale is None and head.bias is None:
+            self.lm_head = RefinedHead(head.weight)  # float32 GEMM, float64 where the argmax is decided
+        else:
+            self.lm_head = Linear(*head)  # (copies: the head wants [in, out])
         limit = max_positions or int(spec.raw.get("max_position_embeddings") or 4096)
         table = rope_table_llama4 if spec.llama4 is not None else rope_table
         self.rot = table(spec.raw, spec.head_dim, limit).to(self.device)
@@ -336,8 +349,10 @@ def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = Non
     kernel gets (SDPA, GEMM blocking) can flip a rounding and make a 1-token decode disagree with
     a 6-token verification on a near-tied logit. In float64 that noise is ~1e-16, far below any
     FP8 step, so greedy speculative output equals plain greedy output; the FP8 grid (the part of
-    the numerics that matters) is unchanged. It costs speed: float64 GEMMs run at about half the
-    float32 rate (bench/gemm_rows.py), which plain and speculative decoding pay alike.
+    the numerics that matters) is unchanged. The FP8 GEMMs themselves are exact integer dot
+    products (trtbuild.runtime.fp8_exact, int8 planes: 3 bytes a weight instead of float64's 8),
+    and the LM head runs in float32 with float64 values wherever a logit can be its row's argmax
+    (trtbuild.runtime.lm_head): the speed of smaller operands, the greedy choices of float64.
     """
     path = Path(path)
     spec, quant = read_target_config(path)
