@@ -127,7 +127,8 @@ class ExactFp8Gemm:
         self.inv = inv.to(torch.float64)
         self.grid = weight_fp8.contiguous()  # 1 byte a weight: `dequantized` and nothing else reads it
         codes = self.grid.view(torch.uint8).reshape(-1).to(torch.int64)
-        planes = WEIGHT_PLANES[:, codes].view(PLANES * self.n, self.k)  # row j*N + n: plane j of row n
+        # row n * PLANES + j: plane j of weight row n (the planes of one output sit side by side)
+        planes = WEIGHT_PLANES[:, codes].view(PLANES, self.n, self.k).transpose(0, 1).reshape(PLANES * self.n, self.k)
         self.packed = self.planes = None
         if self.k <= ONEDNN_MAX_K and _onednn_exact():
             self.packed = torch.ops.onednn.qlinear_prepack(planes, [PLANES, self.k])
@@ -142,15 +143,16 @@ class ExactFp8Gemm:
         q = (x.reshape(rows, self.k).to(torch.float64) * self.inv).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
         codes = q.view(torch.uint8).reshape(-1).to(torch.int64)
         if self.packed is not None:
-            q_planes = INPUT_PLANES_U8[:, codes].view(PLANES * rows, self.k)
+            q_planes = INPUT_PLANES_U8.index_select(1, codes).view(PLANES * rows, self.k)
             products = _onednn_mm(q_planes, self.packed, self.ones, self.zeros).to(torch.float64)
         else:
-            q_planes = INPUT_PLANES[:, codes].view(PLANES * rows, self.k)
+            q_planes = INPUT_PLANES.index_select(1, codes).view(PLANES * rows, self.k)
             products = torch._int_mm(q_planes, self.planes).to(torch.float64)
-        # products [PLANES * rows, PLANES * N]: input plane i of row m times weight plane j of row n
-        by_input = torch.matmul(INPUT_FACTORS, products.view(PLANES, -1)).view(rows, PLANES, self.n)
-        exact = torch.matmul(WEIGHT_FACTORS, by_input)  # [rows, N], integers below 2^53
-        return (exact * self.out_scale).view(*x.shape[:-1], self.n).to(x.dtype)
+        # products [PLANES * rows, N * PLANES]: input plane i of row m times weight plane j of row n
+        by_input = torch.mv(products.view(-1, PLANES), WEIGHT_FACTORS).view(PLANES, rows * self.n)
+        exact = torch.mv(by_input.t(), INPUT_FACTORS).view(rows, self.n)  # integers below 2^53
+        out = (exact * self.out_scale).view(*x.shape[:-1], self.n)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def dequantized(self) -> torch.Tensor:
         """[N, K] float64: the weight with the input's dequantization folded in (y = fp8(x*inv) @ this^T)."""
