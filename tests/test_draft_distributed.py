@@ -155,13 +155,22 @@ def test_two_processes_train_offline_like_one(tiny_target: Artifact, tmp_path: P
 @pytest.mark.slow
 def test_two_processes_with_the_target_sharded_train_like_one(tiny_target: Artifact, tmp_path: Path) -> None:
     """train.target_sharding: fsdp: FSDP2 (over gloo) gives each rank half of every target decoder layer,
-    all-gathered layer by layer in the forward; the curve is one process's up to summation order."""
+    all-gathered layer by layer in the forward; the curve is one process's up to summation order. Each
+    rank builds the target on the meta device and reads only its rows of the layers from disk."""
+    from safetensors.torch import load_file
+
     one, tau_one, _ = run_stage(tiny_target, tmp_path / "one", 0)
     noise = max_rel_diff(run_stage(tiny_target, tmp_path / "acc", 0, micro_batch_size=4)[0], one)
     two, tau_two, metrics = run_stage(tiny_target, tmp_path / "two", 0, processes=2, target_sharding="fsdp")
     assert metrics["train_target_sharding"] == "fsdp" and metrics["train_processes"] == 2
     whole, held = metrics["target_layer_parameters"], metrics["target_layer_parameters_per_rank"]
     assert whole > 0 and held * 2 == whole
+    # rank 0 read the first half (torch.chunk's split) of every layer tensor's rows and the rest whole
+    checkpoint = load_file(str(tiny_target.path / "hf" / "model.safetensors"))
+    share = {n: -(-t.shape[0] // 2) / t.shape[0] if ".layers." in n else 1.0 for n, t in checkpoint.items()}
+    expected = sum(int(t.numel() * share[n]) * t.element_size() for n, t in checkpoint.items())
+    assert metrics["target_bytes_read_per_rank"] == expected
+    assert expected < 0.8 * sum(t.numel() * t.element_size() for t in checkpoint.values())
     assert noise > 0 and max_rel_diff(two, one) <= MARGIN * noise
     assert abs(tau_two - tau_one) <= 0.05 * tau_one
 

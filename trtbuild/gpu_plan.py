@@ -145,7 +145,7 @@ def _target_fit(draft: Any, settings: Any, world: int, target_bytes: float) -> l
         verdict = "fits" if per_rank <= AUTO_SHARE_OF_GPU * gpu else "!! still exceeds half of"
         return [f"     target layers sharded with FSDP2 over {world} ranks: ~{per_rank / 1e9:.0f} GB of "
                 f"{target_bytes / 1e9:.0f} GB per rank ({verdict} an {ONE_GPU_GB:.0f} GB GPU); each rank "
-                "reads the whole checkpoint into host memory first"]
+                "reads only its shards from disk"]
     if target_bytes <= gpu:
         return []
     return ["     !! the target does not fit one GPU for online training: set draft.train.processes (with "

@@ -148,7 +148,8 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
                    + (", target layers FSDP2-sharded" if placement["target_sharding"] == "fsdp" else ""),
         "aux_layers": aux_layers, "ttt_steps": effective_ttt_steps(config.ttt_steps),
         "data": _set_info(data)}
-    for name in ("target_layer_parameters", "target_layer_parameters_per_rank"):
+    for name in ("target_layer_parameters", "target_layer_parameters_per_rank", "target_bytes_read_per_rank",
+                 "rank_peak_host_memory_bytes", "rank_peak_host_memory_loaded_bytes"):
         if name in result:
             metrics[name] = result[name]
     if hidden is not None:

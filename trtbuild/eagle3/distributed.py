@@ -269,31 +269,51 @@ def run_rank(job_file: Path) -> None:
         rank = dist.get_rank()
         init = load_file(str(resume / INIT_FILE))
         features = None
+        sharded: dict[str, int] = {}
+        model = None
         if job.hidden_dir is not None:  # offline: the stored hidden states stand in for the target's layers
             from trtbuild.eagle3.hidden_store import HiddenStore, batches, load_head_only
 
             target = load_head_only(Path(job.target_dir))
             features = batches(HiddenStore(Path(job.hidden_dir)))
+        elif job.target_sharding == "fsdp":  # each rank reads only its shards of the target
+            from trtbuild.eagle3.sharded_load import build_sharded_target
+
+            model, sharded = build_sharded_target(Path(job.target_dir), getattr(torch, job.target_dtype),
+                                                  DraftArch(**job.arch), init, plan.device)
         else:
             target = load_target(Path(job.target_dir), dtype=getattr(torch, job.target_dtype))
-        model = convert_to_eagle3(target, DraftArch(**job.arch), init.get("d2t"))
-        model.eagle_module.float()  # the draft trains in float32 (autocast, when on, casts the forward)
-        model.eagle_module.load_state_dict(init)
-        sharded: dict[str, int] = {}
-        if job.target_sharding == "fsdp":
-            from trtbuild.eagle3.sharding import shard_target
-
-            sharded = shard_target(model, "cuda" if plan.device.startswith("cuda") else "cpu")
+        if model is None:
+            model = convert_to_eagle3(target, DraftArch(**job.arch), init.get("d2t"))
+            model.eagle_module.float()  # the draft trains in float32 (autocast, when on, casts the forward)
+            model.eagle_module.load_state_dict(init)
+        loaded = _peak_rss_all_ranks(plan.device)  # what holding the target cost, before training adds its own
         pool = load_file(job.pool_file)["pool"]
         result = train(model, pool, plan, resume, _RankProgress(rank == 0), features)  # type: ignore[arg-type]
+        peak = _peak_rss_all_ranks(plan.device)
         if rank == 0:
             weights = {k: v.detach().contiguous().cpu() for k, v in model.eagle_module.state_dict().items()}
             _atomic(resume / TRAINED_FILE, lambda tmp: save_file(weights, str(tmp)))
-            record = {**asdict(result), **sharded, "sha256": sha256_file(resume / TRAINED_FILE)}
+            record = {**asdict(result), **sharded, "rank_peak_host_memory_bytes": peak,
+                      "rank_peak_host_memory_loaded_bytes": loaded,
+                      "sha256": sha256_file(resume / TRAINED_FILE)}
             _atomic(resume / RESULT_FILE, lambda tmp: tmp.write_text(json.dumps(record)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _peak_rss_all_ranks(device: str) -> int:
+    """The largest peak resident memory of any rank, in bytes (Linux reports KiB)."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.int64,
+                        device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return int(peak.item())
 
 
 def main() -> None:
