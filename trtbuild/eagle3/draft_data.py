@@ -166,8 +166,9 @@ def target_generator(target_dir: Path) -> Generate:
 
 def _trtllm_generator(target_dir: Path) -> Generate | None:
     """TensorRT-LLM's LLM API (PyTorch backend) when importable; token ids in, token ids out, one
-    SamplingParams per prompt (`LLM.generate` takes a list: tensorrt_llm/llmapi/llm.py@00966934, the
-    snapshot the index holds, not re-read at 1.1.0)."""
+    SamplingParams per prompt. `LLM.generate` takes a list of prompts and a *list* of SamplingParams,
+    the i-th for the i-th prompt (`_item_at` checks isinstance(..., list)): tensorrt_llm/llmapi/llm.py
+    @4c05a74891e4 (the main snapshot the 1.1.0 contract reads `serve` from) and @00966934 (older)."""
     try:
         from tensorrt_llm import LLM, SamplingParams
     except ImportError:
