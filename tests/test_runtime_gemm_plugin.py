@@ -41,18 +41,18 @@ def test_cpu_default_keeps_the_dequantized_path(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 9, 48])
 def test_float64_gemm_forms_agree_at_every_row_count(rows: int) -> None:
-    """gemm64 picks x @ W_t, W @ x^T or x @ W^T by row count; each row's value is the exact dot
+    """gemm_by_rows picks x @ W_t, W @ x^T or x @ W^T by row count; each row's value is the exact dot
     product up to float64 summation order, whatever the form and whatever the other rows are."""
-    from trtbuild.runtime.layers import gemm64
+    from trtbuild.runtime.layers import gemm_by_rows
 
     g = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 40, generator=g, dtype=torch.float64)
     x = torch.randn(rows, 3, 40, generator=g, dtype=torch.float64)[:, 1]  # a strided view, as callers may pass
-    got = gemm64(x, weight.t().contiguous(), weight)
+    got = gemm_by_rows(x, weight.t().contiguous(), weight)
     exact = (x.unsqueeze(1) * weight.unsqueeze(0)).sum(-1)  # [rows, 96], no BLAS
     assert got.shape == (rows, 96) and got.is_contiguous()
     assert torch.allclose(got, exact, rtol=1e-13, atol=1e-13)
-    alone = torch.cat([gemm64(x[i: i + 1], weight.t().contiguous(), weight) for i in range(rows)])
+    alone = torch.cat([gemm_by_rows(x[i: i + 1], weight.t().contiguous(), weight) for i in range(rows)])
     assert torch.allclose(got, alone, rtol=1e-13, atol=1e-13)
     linear = Linear(weight.clone())
     assert torch.allclose(linear(x), exact, rtol=1e-13, atol=1e-13)

@@ -46,17 +46,19 @@ class FakeQuantFP8:
         return fp8_round(x * self.inv) * self.deq
 
 
-# Rows from which a float64 GEMM runs as x @ W^T on the [out, in] weight (below: W @ x^T, the
-# weight as the streamed operand; one row: x @ W_t, a GEMV). Measured with MKL on the 2-core AMD
-# EPYC CI class, one thread, the tiny target's 25 GEMMs per forward: 1 row 2.3 ms (GEMV) vs 3.7;
+# Rows from which a GEMM runs as x @ W^T on the [out, in] weight (below: W @ x^T, the weight as
+# the streamed operand; one row: x @ W_t, a GEMV). Measured with MKL on the 2-core AMD EPYC CI
+# class, one thread, the tiny target's 25 float64 GEMMs per forward: 1 row 2.3 ms (GEMV) vs 3.7;
 # 6 rows 5.3 ms vs 8.5 (x @ W_t) and 7.5 (x @ W^T); 48 rows 13.1 ms (x @ W^T) vs 15.5 (x @ W_t).
+# Float32 on SmolLM2's head (49 152 x 576, 2 threads): 4 rows 4.7 ms as W @ x^T vs 19.2 as x @ W_t.
 ROWS_FOR_XWT = 8
 
 
-def gemm64(x: torch.Tensor, weight_t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., in] @ W in float64, in the fastest of three equal-valued forms for its row count;
-    weight_t [in, out] and weight [out, in] are both contiguous. Each form sums in its own
-    order; in float64 that differs by ~1e-16, far below an FP8 rounding step (see `Linear`)."""
+def gemm_by_rows(x: torch.Tensor, weight_t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in] @ W in the fastest of three equal-valued forms for its row count; weight_t
+    [in, out] and weight [out, in] are both contiguous. Each form sums in its own order; in
+    float64 that differs by ~1e-16, far below an FP8 rounding step (see `Linear`); a float32
+    caller bounds it (trtbuild.runtime.lm_head)."""
     rows = x.numel() // x.shape[-1]
     if rows == 1:
         return x @ weight_t
@@ -82,7 +84,7 @@ class Linear:
     than F.linear for the 1-16 rows of a float32 decode or verification step. An FP8 weight on CPU
     whose `weight_scale` is known is kept as integer planes instead (`fp8_exact`: exact dot
     products, 3 bytes a weight). Any other FP8 weight accumulates in float64 and is also kept as
-    [out, in] for `gemm64` (twice the memory of that weight: the FP8-on-CPU path is for models
+    [out, in] for `gemm_by_rows` (twice the memory of that weight: the FP8-on-CPU path is for models
     small enough to run on a CPU at all).
     """
 
@@ -149,11 +151,11 @@ class Linear:
             if self.inv_scale is not None:
                 # fp8(x * inv) in the weight's float64; no-op casts skipped (each is a dispatcher call)
                 q = (x * self.inv_scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(self.weight_t.dtype)
-                out = q @ self.weight_t if self.weight_rows is None else gemm64(q, self.weight_t, self.weight_rows)
+                out = q @ self.weight_t if self.weight_rows is None else gemm_by_rows(q, self.weight_t, self.weight_rows)
                 if out.dtype != x.dtype:
                     out = out.to(x.dtype)
             elif self.weight_rows is not None and x.dtype == torch.float64:
-                out = gemm64(x, self.weight_t, self.weight_rows)
+                out = gemm_by_rows(x, self.weight_t, self.weight_rows)
             else:
                 out = x @ self.weight_t
         if self.bias is not None:

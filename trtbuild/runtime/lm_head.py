@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from trtbuild.runtime.layers import gemm_by_rows
+
 UNIT_ROUNDOFF = 2.0 ** -24
 SAFETY = 4.0  # on top of the bound: covers the weight's own rounding to float32 and the float64 sums
 
@@ -24,12 +26,14 @@ SAFETY = 4.0  # on top of the bound: covers the weight's own rounding to float32
 class RefinedHead:
     """logits = h @ W^T: float32 everywhere, float64 for every logit that can be a row's argmax."""
 
-    __slots__ = ("weight64", "weight_t", "error_per_norm")
+    __slots__ = ("weight64", "weight_t", "weight_rows", "error_per_norm")
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [V, H] in float64 (kept by reference: a tied head shares the embedding table)."""
         self.weight64 = weight
-        self.weight_t = weight.to(torch.float32).t().contiguous()
+        # both layouts: a one-row decode streams [H, V], a few-row verification [V, H] (gemm_by_rows)
+        self.weight_rows = weight.to(torch.float32).contiguous()
+        self.weight_t = self.weight_rows.t().contiguous()
         k = weight.shape[1]
         largest_row = float(weight.norm(dim=1).max())
         self.error_per_norm = SAFETY * (k + 2) * UNIT_ROUNDOFF * largest_row
@@ -44,7 +48,7 @@ class RefinedHead:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        logits32 = flat.to(torch.float32) @ self.weight_t
+        logits32 = gemm_by_rows(flat.to(torch.float32), self.weight_t, self.weight_rows)
         top = logits32.max(-1, keepdim=True).values
         bound = flat.norm(dim=-1, keepdim=True) * self.error_per_norm  # float64
         rows, cols = (logits32 >= top - 2 * bound).nonzero(as_tuple=True)
