@@ -12,6 +12,7 @@ weights, as in the unsharded path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,7 @@ def build_sharded_target(target_dir: Path, dtype: torch.dtype, arch: Any, init: 
     model = convert_to_eagle3(target, arch, init.get("d2t"))  # its copies from the meta target are no-ops
     stats = shard_target(model, torch.device(device).type)
     materialize(model, torch.device(device))
-    if getattr(config.get_text_config(), "tie_word_embeddings", False) or getattr(config, "tie_word_embeddings", False):
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    model.tie_weights()  # materializing gave a tied head storage of its own; transformers re-ties it
     model.eagle_module.float()  # the draft trains in float32, as in the unsharded path
     model.eagle_module.load_state_dict(init)
     stats["target_bytes_read_per_rank"] = read_target_weights(model, target_dir)
@@ -107,22 +107,19 @@ def read_target_weights(model: nn.Module, target_dir: Path) -> int:
     wanted.update({n: b for n, b in model.named_buffers() if n in persistent})
     read = 0
     opened: dict[Path, Any] = {}
-    try:
-        with torch.no_grad():
-            for name, tensor in wanted.items():
-                if name.startswith("eagle_module."):
-                    continue
-                key = next((p + name for p in CHECKPOINT_PREFIXES if p + name in where), None)
-                if key is None:
-                    raise RuntimeError(f"the checkpoint in {target_dir} has no tensor {name!r}")
-                file = where[key]
-                if file not in opened:
-                    opened[file] = safe_open(str(file), framework="pt")
-                local, start = _shard_rows(tensor)
-                part = opened[file].get_slice(key)
-                rows = part[start:start + local.shape[0]] if local.dim() else opened[file].get_tensor(key)
-                local.copy_(rows.to(local.dtype))
-                read += rows.numel() * rows.element_size()
-    finally:
-        opened.clear()
+    with contextlib.ExitStack() as files, torch.no_grad():
+        for name, tensor in wanted.items():
+            if name.startswith("eagle_module."):
+                continue
+            key = next((p + name for p in CHECKPOINT_PREFIXES if p + name in where), None)
+            if key is None:
+                raise RuntimeError(f"the checkpoint in {target_dir} has no tensor {name!r}")
+            file = where[key]
+            if file not in opened:
+                opened[file] = files.enter_context(safe_open(str(file), framework="pt"))
+            local, start = _shard_rows(tensor)
+            rows = (opened[file].get_slice(key)[start:start + local.shape[0]] if local.dim()
+                    else opened[file].get_tensor(key))
+            local.copy_(rows.to(local.dtype))
+            read += rows.numel() * rows.element_size()
     return read

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from trtbuild.runtime import fp8_exact
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_MAX = fp8_exact.FP8_MAX  # largest finite float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # computed through float32 where an op needs it
 
 
@@ -170,17 +170,16 @@ def _exact_gemm(weight: torch.Tensor, weight_scale: torch.Tensor | None, inv: to
         return None
     if weight.shape[1] > fp8_exact.MAX_K:
         return None
-    row_scale = weight_scale.to(torch.float32).reshape(-1).expand(weight.shape[0])
+    row_scale = _row_scales(weight_scale, weight.shape[0])
     grid = fp8_exact.grid_of(weight, row_scale)
     if grid is None:
         return None
     return fp8_exact.ExactFp8Gemm(grid, row_scale, inv)
 
 
-def _row_scales(part: LinearParts) -> torch.Tensor | None:
-    if part.weight_scale is None:
-        return None
-    return part.weight_scale.to(torch.float32).reshape(-1).expand(part.weight.shape[0])
+def _row_scales(weight_scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """A per-tensor (one element) or per-row weight scale as float32 [rows]."""
+    return weight_scale.to(torch.float32).reshape(-1).expand(rows)
 
 
 def fuse_linears(parts: list[LinearParts]) -> list[Linear]:
@@ -201,8 +200,9 @@ def fuse_linears(parts: list[LinearParts]) -> list[Linear]:
     if any(b is not None for b in biases):
         bias = torch.cat([part.bias if part.bias is not None else part.weight.new_zeros(part.weight.shape[0])
                           for part in parts])
-    rows = [_row_scales(part) for part in parts]
-    weight_scale = None if any(r is None for r in rows) else torch.cat(rows)  # type: ignore[arg-type]
+    weight_scale = None
+    if all(part.weight_scale is not None for part in parts):
+        weight_scale = torch.cat([_row_scales(part.weight_scale, part.weight.shape[0]) for part in parts])  # type: ignore[arg-type]
     return [Linear(weight, bias, scales[0], weight_scale)]
 
 
