@@ -187,16 +187,21 @@ def _on(device: torch.device, value: Any) -> Any:
     return value
 
 
-def _inputs(pool: torch.Tensor, rows: torch.Tensor,
-            features: Callable[[torch.Tensor], dict[str, Any]] | None) -> dict[str, torch.Tensor]:
-    return features(rows) if features is not None else {"input_ids": pool[rows]}
+def _inputs(pool: torch.Tensor, rows: torch.Tensor, features: Callable[[torch.Tensor], dict[str, Any]] | None,
+            loss_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    inputs = features(rows) if features is not None else {"input_ids": pool[rows]}
+    if loss_mask is not None:
+        inputs["loss_mask"] = loss_mask[rows]
+    return inputs
 
 
 def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Path,
-          progress: Progress, features: Callable[[torch.Tensor], dict[str, Any]] | None = None) -> TrainResult:
+          progress: Progress, features: Callable[[torch.Tensor], dict[str, Any]] | None = None,
+          loss_mask: torch.Tensor | None = None) -> TrainResult:
     """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`. `features`
     (offline training): the model's inputs for a batch's pool rows (token ids and the target's stored
-    hidden states); unset, the model runs the target on the token ids itself (online).
+    hidden states); unset, the model runs the target on the token ids itself (online). `loss_mask`
+    [N, seq_len]: where each row is trained (trtbuild.eagle3.data.loss_mask; None: everywhere).
 
     Under an initialised process group every rank calls this with the same pool and plan."""
     torch.manual_seed(plan.seed)
@@ -249,7 +254,7 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
                 sync = nullcontext() if world == 1 or index == micro_batches - 1 else forward.no_sync()  # type: ignore[operator]
                 with sync:
                     with autocast:
-                        out = forward(**_on(device, _inputs(pool, chunk, features)))
+                        out = forward(**_on(device, _inputs(pool, chunk, features, loss_mask)))
                     (out.loss / micro_batches).backward()
                 loss_sum += out.loss.item()
                 acc = step_accuracy(out.train_acc)
