@@ -3,13 +3,13 @@
     python bench/draft_loss_mask.py TARGET_HF_DIR DATA_ENTRY OUT_DIR [field=value ...]
 
 DATA_ENTRY: a draft-data cache entry made for TARGET_HF_DIR from chat requests (e.g. by
-`bench/real_checkpoint_report.py`: `<cache>/draft-data/<key>`), made before the pool stored its loss
-mask. Each row's request is found as the rendered prompt up to its first `<|im_start|>assistant\\n`
-(single-turn chats), and trtbuild.eagle3.data.loss_mask gives the answer-only mask from it. Both
-drafts train through the draft stage's own code (`train_draft`: the same pool, hidden states,
-settings and seed; fields are DraftConfig's on top of bench/smollm2-report.yaml's draft section)
-and are measured on the same held-out chat prompts with the stage's `measure_tau`, with n-gram
-prompt lookup beside them. Prints one JSON object.
+`bench/real_checkpoint_report.py`: `<cache>/draft-data/<key>`). Each row's request is found as the
+rendered prompt up to its first `<|im_start|>assistant\\n` (single-turn chats), and
+trtbuild.eagle3.data.loss_mask gives the answer-only mask from it. Both drafts train through the
+draft stage's own code (`train_draft`: the same pool, hidden states, settings and seed; fields are
+DraftConfig's on top of bench/smollm2-report.yaml's draft section; the mask handed to
+`trtbuild.eagle3.train.train`) and are measured on the same held-out chat prompts with the stage's
+`measure_tau`, with n-gram prompt lookup beside them. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
     from trtbuild.eagle3 import draft_data
+    from trtbuild.eagle3 import train as training
     from trtbuild.eagle3.evaluate import measure_tau
     from trtbuild.eagle3.shards import ShardSet
     from trtbuild.runtime.bench import load_prompts
@@ -54,16 +55,20 @@ def main(argv: list[str]) -> None:
     config, overrides = draft_config(RECIPE, argv[3:])
     torch.set_num_threads(2)
     pool = draft_data.load_pool(entry)
-    masks = {"everywhere (before)": torch.ones_like(pool, dtype=torch.uint8),
-             "answer only (now)": answer_mask(pool, AutoTokenizer.from_pretrained(str(target)))}
+    masks = {"everywhere (the stage's default)": torch.ones_like(pool, dtype=torch.uint8),
+             "answer only": answer_mask(pool, AutoTokenizer.from_pretrained(str(target)))}
+    train_with_mask = training.train
     found = ShardSet(entry, entry.name, reused=True, computed=0, kept=0, seconds=0.0)
     result: dict[str, Any] = {"overrides": overrides, "pool_rows": int(pool.shape[0]), "drafts": {}}
     prompts = load_prompts(config.eval.dataset.path or "chat_eval.jsonl", target, config.eval.prompts, 1,
                            base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     for index, (name, mask) in enumerate(masks.items()):
+        def masked(*args: Any, m: torch.Tensor = mask, **kwargs: Any) -> Any:
+            return train_with_mask(*args, **kwargs, loss_mask=m)
+
         with mock.patch.object(draft_data, "ensure_data", lambda *a, **k: found), \
-             mock.patch.object(draft_data, "load_loss_mask", lambda _entry, m=mask: m):
+             mock.patch.object(training, "train", masked):
             trained = train(config, target, out / f"draft-{index}", RECIPE.parent)
         started = time.perf_counter()
         tau = measure_tau(target, out / f"draft-{index}" / "eagle3", prompts, new_tokens, depth,

@@ -61,7 +61,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     from transformers import AutoConfig
 
     from trtbuild.eagle3.compat import check_compatible
-    from trtbuild.eagle3.draft_data import ensure_data, load_loss_mask, load_pool
+    from trtbuild.eagle3.draft_data import ensure_data, load_pool
     from trtbuild.eagle3.export import export_draft
     from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.eagle3.modelopt_compat import effective_ttt_steps, ignored_settings
@@ -81,7 +81,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     # The pool and (offline) the hidden states are shard sets of their own in the cache, keyed without
     # the training settings: another lr or step count finds them again.
     data = ensure_data(config, target_dir, target_key or str(target_dir), ctx.recipe.base_dir, ctx.progress)
-    pool, mask = load_pool(data.path), load_loss_mask(data.path)
+    pool = load_pool(data.path)
     features, hidden = None, None
     if config.hidden_states == "offline":
         from trtbuild.eagle3.hidden import ensure_hidden
@@ -97,9 +97,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
 
     d2t, coverage = None, 1.0
     if draft_vocab < vocab_size:
-        # the draft's vocabulary: the tokens it is trained to predict (mask[m]: token m + 1)
-        predicted = pool[:, 1:][mask[:, :-1].bool()]
-        d2t, coverage = calibrate_d2t(predicted.tolist(), vocab_size, draft_vocab)
+        d2t, coverage = calibrate_d2t(pool.flatten().tolist(), vocab_size, draft_vocab)
     arch = DraftArch(aux_layers=aux_layers, draft_vocab_size=draft_vocab,
                      intermediate_size=config.intermediate_size, ttt_steps=config.ttt_steps,
                      loss_decay=config.loss_decay, offline=config.hidden_states == "offline")
@@ -116,9 +114,9 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         if placement["target_dtype"] != "float32":  # frozen target in bf16; the draft trains in float32
             model.to(getattr(torch, placement["target_dtype"]))
             model.eagle_module.float()
-        result = asdict(train(model, pool, plan, resume, ctx.progress, features, mask))
+        result = asdict(train(model, pool, plan, resume, ctx.progress, features))
     else:
-        result = train_distributed(config, ctx, model, plan, placement, target_dir, resume, arch, pool, mask,
+        result = train_distributed(config, ctx, model, plan, placement, target_dir, resume, arch, pool,
                                    hidden.path if hidden is not None else None)
     model.to("cpu")
     exported = export_draft(model, out, target_dir=target_dir, dtype=export_dtype)
@@ -142,7 +140,6 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         "vocab_coverage": round(coverage, 4),
         "pool_sequences": int(pool.shape[0]),
         "pool_tokens": int(pool.numel()),
-        "pool_trained_tokens": int(mask.sum()),
     }
     info: dict[str, Any] = {
         "resumed_from_step": result["resumed_from"], "export": exported,
@@ -206,7 +203,7 @@ def _target_sharding(config: DraftConfig, device: str, target_bytes: int, target
 
 
 def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: Any, placement: dict[str, Any],
-                      target_dir: Path, resume: Path, arch: Any, pool: Any, mask: Any, hidden_dir: Path | None
+                      target_dir: Path, resume: Path, arch: Any, pool: Any, hidden_dir: Path | None
                       ) -> dict[str, Any]:
     """Launch the ranks (torchrun; under Slurm for several nodes), then load the trained draft into `model`.
     Offline (`hidden_dir`), each rank reads the hidden-state shards and holds only the target's head."""
@@ -222,7 +219,7 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
         return done
     pool_file = resume / RANK_POOL_FILE
     tmp = pool_file.with_name(f".{pool_file.name}.tmp")
-    save_file({"pool": pool.contiguous(), "loss_mask": mask.contiguous()}, str(tmp))
+    save_file({"pool": pool.contiguous()}, str(tmp))
     tmp.replace(pool_file)
     job = dist_train.TrainJob(target_dir=str(target_dir.resolve()), resume_dir=str(resume.resolve()),
                               pool_file=str(pool_file.resolve()), arch=asdict(arch),

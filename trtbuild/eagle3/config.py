@@ -98,8 +98,7 @@ class DraftConfig(StageConfig):
                                           "target's.")
     dataset: TextSource = Field(
         default=TextSource(kind="pydoc"), description="Training text (train split): pydoc, a .txt/.jsonl "
-        "file (chat jsonl rendered with the chat template), or hf. With chat requests the draft is trained "
-        "on the target's answers only (not the request, not past the answer's EOS), where serving speculates.")
+        "file (chat jsonl rendered with the chat template), or hf.")
     samples: int = Field(default=512, ge=1, le=10**7, description="Training sequences in the pool.")
     distill_fraction: float = Field(default=0.5, ge=0.0, le=1.0, description="Share of the pool that is the "
                                     "target's own greedy continuation of training-text prompts.")

@@ -89,6 +89,9 @@ class PoolSpec:
     windows: torch.Tensor  # [n_text, seq_len]: rows 0..n_text-1, copied as they are
     prompts: list[list[int]]  # rows n_text..: each continued greedily to seq_len tokens
     seq_len: int
+    # Answer-only training (`loss_mask`): not the stage's default. On SmolLM2 with 600 answers it lowered
+    # held-out tau from 1.42 to 1.28 (bench/draft_loss_mask.py; bench/RESULTS.md): at this data size the
+    # request and past-EOS tokens still teach the draft the target's features.
     answer_only: bool = False  # the prompts are chat requests: only the answer is trained on
     eos_ids: tuple[int, ...] = ()  # where an answer ends
 
@@ -132,9 +135,7 @@ def pool_spec(tokenizer: Any, texts: list[str], plan: DataPlan) -> PoolSpec:
     prompts: list[list[int]] = []
     if n_distill and plan.chat_prompts:
         prompts = chat_prompt_rows(plan.chat_prompts, n_distill, plan)
-        return PoolSpec(windows=windows, prompts=prompts, seq_len=plan.seq_len, answer_only=True,
-                        eos_ids=eos_token_ids(tokenizer))
-    if n_distill:
+    elif n_distill:
         prompt_len = min(plan.prompt_len, plan.seq_len - 1)
         prompts = token_windows(tokenizer, texts, n_distill, prompt_len, plan.seed + 1, bos=plan.bos,
                                 separator=plan.separator).tolist()

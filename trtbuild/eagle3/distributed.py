@@ -288,9 +288,8 @@ def run_rank(job_file: Path) -> None:
             model.eagle_module.float()  # the draft trains in float32 (autocast, when on, casts the forward)
             model.eagle_module.load_state_dict(init)
         loaded = _peak_rss_all_ranks(plan.device)  # what holding the target cost, before training adds its own
-        stored = load_file(job.pool_file)
-        result = train(model, stored["pool"], plan, resume, _RankProgress(rank == 0), features,  # type: ignore[arg-type]
-                       stored["loss_mask"])
+        pool = load_file(job.pool_file)["pool"]
+        result = train(model, pool, plan, resume, _RankProgress(rank == 0), features)  # type: ignore[arg-type]
         peak = _peak_rss_all_ranks(plan.device)
         if rank == 0:
             weights = {k: v.detach().contiguous().cpu() for k, v in model.eagle_module.state_dict().items()}

@@ -3,9 +3,7 @@
 Its own cache entry (`<cache>/draft-data/<key>/`, trtbuild/eagle3/shards.py), keyed by the target
 artifact, the dataset and the fields that shape the pool (samples, seq_len, distill_fraction,
 prompt_len, seed, shard_samples), never by a training setting: a build with another lr or step count
-reuses it. Shard i holds pool rows [i*S, (i+1)*S) (`input_ids`) and where each row is trained
-(`loss_mask`: a chat row's answer only, trtbuild/eagle3/data.py `loss_mask`); a killed run keeps
-its finished shards.
+reuses it. Shard i holds pool rows [i*S, (i+1)*S); a killed run keeps its finished shards.
 
 Who generates: on CPU the target in float32 through transformers (greedy with a KV cache, as the
 pool was made before); on a GPU host TensorRT-LLM's LLM API when it is importable (greedy: top_k 1,
@@ -56,8 +54,6 @@ def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path |
     count = shards.shard_count(config.samples, config.shard_samples)  # the pool has `samples` rows
 
     def write(work: Path, todo: list[int]) -> dict[str, Any]:
-        from trtbuild.eagle3.data import loss_mask
-
         requests = synthetic_requests(config, target_dir, work, progress)
         spec = _pool_spec(config, target_dir, base_dir, requests)
         generate: Generate | None = None
@@ -66,8 +62,7 @@ def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path |
             for index, (start, stop) in zip(todo, ranges, strict=True):
                 if generate is None and stop > len(spec.windows):
                     generate = target_generator(target_dir)
-                rows = _make(spec, start, stop, generate, bar)
-                shards.write_shard(work, index, {"input_ids": rows, "loss_mask": loss_mask(spec, start, rows)})
+                shards.write_shard(work, index, {"input_ids": _make(spec, start, stop, generate, bar)})
         return {"kind": DRAFT_DATA, "rows": len(spec), "seq_len": spec.seq_len, "shards": count,
                 "shard_samples": config.shard_samples, "generated_rows": len(spec.prompts),
                 "synthetic_requests": len(requests)}
@@ -153,15 +148,6 @@ def load_pool(entry: Path) -> torch.Tensor:
 
     count = shards.read_meta(entry)["shards"]
     return torch.cat([load_file(str(entry / shards.shard_name(i)))["input_ids"] for i in range(count)])
-
-
-def load_loss_mask(entry: Path) -> torch.Tensor:
-    """uint8 [rows, seq_len]: where the draft is trained (trtbuild.eagle3.data.loss_mask)."""
-    import torch
-    from safetensors.torch import load_file
-
-    count = shards.read_meta(entry)["shards"]
-    return torch.cat([load_file(str(entry / shards.shard_name(i)))["loss_mask"] for i in range(count)])
 
 
 def target_generator(target_dir: Path) -> Generate:
