@@ -1,5 +1,6 @@
-"""The draft trains where serving speculates: on a chat row, the target's answer after the request,
-through its first EOS; not the request, not what the target writes past its EOS."""
+"""The answer-only loss mask (bench/draft_loss_mask.py; not the stage's default, see bench/RESULTS.md):
+on a chat row, the target's answer after the request through its first EOS; not the request, not
+what the target writes past its EOS. ModelOpt's EAGLE-3 loss honours it as the mask says."""
 
 from __future__ import annotations
 
