@@ -5,7 +5,7 @@
 DATA_ENTRY: a draft-data cache entry made for TARGET_HF_DIR from chat requests (e.g. by
 `bench/real_checkpoint_report.py`: `<cache>/draft-data/<key>`). Each row's request is found as the
 rendered prompt up to its first `<|im_start|>assistant\\n` (single-turn chats), and
-trtbuild.eagle3.data.loss_mask gives the answer-only mask from it. Both drafts train through the
+trtbuild.eagle3.data.answer_loss_mask gives the answer-only mask from it. Both drafts train through the
 draft stage's own code (`train_draft`: the same pool, hidden states, settings and seed; fields are
 DraftConfig's on top of bench/smollm2-report.yaml's draft section; the mask handed to
 `trtbuild.eagle3.train.train`) and are measured on the same held-out chat prompts with the stage's
@@ -28,18 +28,16 @@ RECIPE = Path(__file__).resolve().parent / "smollm2-report.yaml"
 
 
 def answer_mask(pool: torch.Tensor, tokenizer: Any) -> torch.Tensor:
-    from trtbuild.eagle3.data import PoolSpec, eos_token_ids, loss_mask
+    from trtbuild.eagle3.data import answer_loss_mask
 
     header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    prompts = []
+    answer_starts = []
     for row in pool.tolist():
         starts = [i for i in range(len(row) - len(header)) if row[i:i + len(header)] == header]
         if not starts:
             raise SystemExit("a pool row without an assistant turn: not a chat pool")
-        prompts.append(row[: starts[0] + len(header)])
-    spec = PoolSpec(windows=torch.zeros(0, pool.shape[1], dtype=torch.long), prompts=prompts,
-                    seq_len=pool.shape[1], answer_only=True, eos_ids=eos_token_ids(tokenizer))
-    return loss_mask(spec, 0, pool)
+        answer_starts.append(starts[0] + len(header))
+    return answer_loss_mask(pool, answer_starts, [tokenizer.eos_token_id])
 
 
 def main(argv: list[str]) -> None:

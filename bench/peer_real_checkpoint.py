@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+FP8_PLAIN = "trtbuild FP8 (default: exact int8 GEMMs, refined head)"  # the row speculative rows must equal
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 
@@ -75,11 +76,10 @@ def compare(num_prompts: int, new: int, repeat: int = 1, fp8_dir: Path | None = 
         "trtbuild float32 (default)": lambda p: trtbuild_run(ours[torch.float32], p),
         "trtbuild bf16": lambda p: trtbuild_run(ours[torch.bfloat16], p),
     }
-    fp8_plain = "trtbuild FP8 (default: exact int8 GEMMs, refined head)"
     if fp8_dir:
         fp8_target = load_target(fp8_dir)
         fp8 = Generator(fp8_target, load_draft(draft_dir, fp8_target) if draft_dir else None)
-        modes[fp8_plain] = lambda p: trtbuild_run(fp8, p)
+        modes[FP8_PLAIN] = lambda p: trtbuild_run(fp8, p)
         if before:
             old = Generator(float64_fp8_target(fp8_dir))
             modes["trtbuild FP8, float64 GEMMs and head (before)"] = lambda p: trtbuild_run(old, p)
@@ -108,7 +108,7 @@ def compare(num_prompts: int, new: int, repeat: int = 1, fp8_dir: Path | None = 
             same["trtbuild bf16"] &= outputs["trtbuild bf16"] == outputs["transformers bf16"]
             for name in outputs:  # speculative decoding is lossless: the FP8 target's plain tokens
                 if name.startswith("trtbuild FP8") and "chain" in name:
-                    same[name] = same.get(name, True) and outputs[name] == outputs[fp8_plain]
+                    same[name] = same.get(name, True) and outputs[name] == outputs[FP8_PLAIN]
     base = totals["transformers bf16"]["tokens"] / totals["transformers bf16"]["decode_s"]
     rows = [{"mode": name, "tokens_per_s": round(t["tokens"] / t["decode_s"], 2),
              "vs_transformers_bf16": round(t["tokens"] / t["decode_s"] / base, 3),

@@ -1,7 +1,7 @@
 """One run on the real third-party checkpoint: build every stage, then measure what issue 25 asks for.
 
     python bench/real_checkpoint_report.py [--recipe bench/smollm2-report.yaml] [--set field=value ...]
-        [--prompts 8] [--new 64] [--draft-len 1 2 3] [--ppl-windows 16] [--out report.json]
+        [--prompts 8] [--new 64] [--draft-len 1 2 3] [--ppl-windows 16] [--threads N] [--out report.json]
 
 1. `trtbuild build RECIPE --json` with model.path at the SmolLM2-135M-Instruct fixture
    (tests/real_checkpoint.py): per-stage wall seconds, and the draft stage's own steps (data,
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -37,13 +36,13 @@ CHAT_EVAL = ROOT / "tests" / "data" / "chat_eval.jsonl"
 
 
 def build(recipe: Path, model_dir: Path, overrides: list[str]) -> dict[str, Any]:
-    """The build's JSON report (stdout of `trtbuild build --json`); progress goes to our stderr."""
+    """The build's JSON report (stdout of `trtbuild build --json`, which draws no progress bars)."""
     command = [str(Path(sys.executable).parent / "trtbuild"), "build", str(recipe), "--json",
                "--set", f"model.path={model_dir}"]
     for override in overrides:
         command += ["--set", override]
     started = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False, env=os.environ.copy())
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     report = json.loads(done.stdout)
     report["wall_seconds"] = round(time.perf_counter() - started, 1)
     if done.returncode != 0:
@@ -80,6 +79,8 @@ def artifact(report: dict[str, Any], stage: str) -> Path:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from peer_real_checkpoint import FP8_PLAIN
+
     lines = ["## Build (per stage)", "", "| stage | status | seconds | detail |", "|---|---|---:|---|"]
     for stage in result["build"]["stages"]:
         m = stage.get("metrics") or {}
@@ -98,7 +99,7 @@ def markdown(result: dict[str, Any]) -> str:
     for text, p in result["perplexity"].items():
         lines.append(f"| {text} | {p['windows']} x {p['seq_len']} | {p['base']} | {p['fp8']} | {p['ratio']} |")
     bench = result["bench"]
-    plain = next(r for r in bench["rows"] if r["mode"].startswith("trtbuild FP8 (default"))["tokens_per_s"]
+    plain = next(r for r in bench["rows"] if r["mode"] == FP8_PLAIN)["tokens_per_s"]
     lines += ["", f"## Decoding: {bench['prompts']} held-out chat prompts x {bench['new_tokens']} tokens, "
               f"{bench['threads']} threads", "",
               "| mode | tokens/s | vs transformers bf16 | vs trtbuild FP8 plain | τ | tokens as reference |",
@@ -121,9 +122,11 @@ def main() -> None:
     parser.add_argument("--draft-len", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ppl-windows", type=int, default=16, help="pydoc windows of --ppl-seq-len tokens")
     parser.add_argument("--ppl-seq-len", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the measurements (default: torch's)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model_dir = smollm2_dir()
     result: dict[str, Any] = {"build": build(args.recipe, model_dir, args.overrides)}

@@ -10,37 +10,21 @@ import pytest
 import torch
 from draft_fixtures import write_target
 
-from trtbuild.eagle3.data import PoolSpec, loss_mask
+from trtbuild.eagle3.data import answer_loss_mask
 
 EOS = 2
 
 
-def chat_spec(prompts: list[list[int]], windows: int = 1, seq_len: int = 12) -> PoolSpec:
-    return PoolSpec(windows=torch.full((windows, seq_len), 7), prompts=prompts, seq_len=seq_len,
-                    answer_only=True, eos_ids=(EOS,))
-
-
 def test_chat_rows_train_on_their_answer_only() -> None:
-    spec = chat_spec([[1, 5, 6], [1, 5, 6, 8, 9]])
     rows = torch.tensor([
-        [7] * 12,                                  # the text window: trained everywhere
         [1, 5, 6, 40, 41, 42, EOS, 1, 9, 9, 9, 9],  # answer at 3..5, EOS at 6, then an invented turn
         [1, 5, 6, 8, 9, 50, 51, 52, 53, 54, 55, 56],  # an answer cut by seq_len: no EOS
     ])
-    mask = loss_mask(spec, 0, rows)
-    assert mask[0].tolist() == [1] * 12
+    mask = answer_loss_mask(rows, [3, 5], [EOS])
     # mask[m] weights the draft's prediction of token m + 1: answer tokens 4, 5 and the EOS at 6
     # (the first answer token, 3, is the target's own prefill output at serving)
-    assert mask[1].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0]
-    assert mask[2].tolist() == [0] * 5 + [1] * 6 + [0]
-    # a shard that starts past the windows indexes the prompts by pool row
-    assert torch.equal(loss_mask(spec, 1, rows[1:]), mask[1:])
-
-
-def test_text_pools_train_everywhere() -> None:
-    spec = PoolSpec(windows=torch.zeros(1, 6, dtype=torch.long), prompts=[[1, 2]], seq_len=6)
-    rows = torch.tensor([[1, 3, 4, 5, EOS, 6], [1, 2, 3, EOS, 4, 5]])
-    assert loss_mask(spec, 0, rows).tolist() == [[1] * 6, [1] * 6]
+    assert mask[0].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert mask[1].tolist() == [0] * 5 + [1] * 6 + [0]
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +40,13 @@ def test_modelopt_loss_ignores_what_the_mask_leaves_out(target: Path) -> None:
     torch.manual_seed(0)
     model = convert_to_eagle3(load_target(target), DraftArch(aux_layers=[0, 2], draft_vocab_size=384), None)
     model.train()
-    prompts = [[1, 11, 12, 13, 14, 15]]
-    spec = chat_spec(prompts, windows=0, seq_len=24)
     row = torch.randint(20, 384, (1, 24), generator=torch.Generator().manual_seed(1))
-    row[0, :6] = torch.tensor(prompts[0])
+    row[0, :6] = torch.tensor([1, 11, 12, 13, 14, 15])  # the request
     row[0, 14] = EOS
     past_eos, in_answer = row.clone(), row.clone()
     past_eos[0, 16:] = torch.randint(20, 384, (8,), generator=torch.Generator().manual_seed(2))
     in_answer[0, 9] = (int(row[0, 9]) + 1) % 384
-    mask = loss_mask(spec, 0, row)
+    mask = answer_loss_mask(row, [6], [EOS])
     assert mask.sum() == 8  # predictions of tokens 7..14
 
     def loss(ids: torch.Tensor, masked: bool = True) -> float:

@@ -89,38 +89,28 @@ class PoolSpec:
     windows: torch.Tensor  # [n_text, seq_len]: rows 0..n_text-1, copied as they are
     prompts: list[list[int]]  # rows n_text..: each continued greedily to seq_len tokens
     seq_len: int
-    # Answer-only training (`loss_mask`): not the stage's default. On SmolLM2 with 600 answers it lowered
-    # held-out tau from 1.42 to 1.28 (bench/draft_loss_mask.py; bench/RESULTS.md): at this data size the
-    # request and past-EOS tokens still teach the draft the target's features.
-    answer_only: bool = False  # the prompts are chat requests: only the answer is trained on
-    eos_ids: tuple[int, ...] = ()  # where an answer ends
 
     def __len__(self) -> int:
         return len(self.windows) + len(self.prompts)
 
 
-def loss_mask(spec: PoolSpec, start: int, rows: torch.Tensor) -> torch.Tensor:
-    """uint8 [len(rows), seq_len] for pool rows start..: 1 where the draft is trained.
+def answer_loss_mask(rows: torch.Tensor, answer_starts: list[int], eos_ids: list[int]) -> torch.Tensor:
+    """uint8 [B, seq_len]: 1 where a chat row [B, seq_len] trains the draft on its answer only, for
+    `train(..., loss_mask=)`. Not the stage's default: on SmolLM2 with 600 answers it lowered held-out
+    tau from 1.42 to 1.28 (bench/draft_loss_mask.py, bench/RESULTS.md); at that data size the request
+    and past-EOS tokens still teach the draft the target's features.
 
     ModelOpt's EAGLE loss weights position m by loss_mask[m] for the draft's prediction of token
-    m + 1 (`HFEagleModel._eagle_loss`: the target's prediction at m, the draft's at m - 1). Text rows
-    train everywhere. A chat row trains only where serving speculates: the target's answer after the
-    request's P tokens, from its second token (the first comes from the target's prefill) through
-    the first EOS. The request (a fixed system prompt, the user's words) is never speculated at
-    serving, and what the target writes past its EOS (a new, invented turn) is never served."""
-    mask = torch.ones(rows.shape, dtype=torch.uint8)
-    if not spec.answer_only:
-        return mask
-    eos = torch.tensor(sorted(spec.eos_ids), dtype=rows.dtype)
-    for offset, row in enumerate(rows):
-        index = start + offset - len(spec.windows)
-        if index < 0:
-            continue
-        first = len(spec.prompts[index])  # the first answer token's position
-        ends = torch.nonzero(torch.isin(row[first:], eos)).flatten()
-        end = first + int(ends[0]) if len(ends) else spec.seq_len - 1
-        mask[offset] = 0
-        mask[offset, first:end] = 1
+    m + 1 (`HFEagleModel._eagle_loss`: the target's prediction at m, the draft's at m - 1). A row's
+    answer starts at answer_starts[i] (its request's length); the mask covers what serving
+    speculates: the answer from its second token (the first comes from the target's prefill) through
+    its first EOS, not the request and not what the target writes past its EOS."""
+    mask = torch.zeros(rows.shape, dtype=torch.uint8)
+    eos = torch.tensor(sorted(eos_ids), dtype=rows.dtype)
+    for row, (tokens, first) in enumerate(zip(rows, answer_starts, strict=True)):
+        ends = torch.nonzero(torch.isin(tokens[first:], eos)).flatten()
+        end = first + int(ends[0]) if len(ends) else rows.shape[1] - 1
+        mask[row, first:end] = 1
     return mask
 
 
@@ -140,12 +130,6 @@ def pool_spec(tokenizer: Any, texts: list[str], plan: DataPlan) -> PoolSpec:
         prompts = token_windows(tokenizer, texts, n_distill, prompt_len, plan.seed + 1, bos=plan.bos,
                                 separator=plan.separator).tolist()
     return PoolSpec(windows=windows, prompts=prompts, seq_len=plan.seq_len)
-
-
-def eos_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """The ids that end an answer: the tokenizer's EOS (a chat model's end of turn)."""
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return (int(eos),) if eos is not None else ()
 
 
 def chat_prompt_rows(requests: list[list[int]], count: int, plan: DataPlan) -> list[list[int]]:

@@ -201,7 +201,7 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
     """Train `model.eagle_module` on `pool` [N, seq_len]; checkpoints in `resume_dir`. `features`
     (offline training): the model's inputs for a batch's pool rows (token ids and the target's stored
     hidden states); unset, the model runs the target on the token ids itself (online). `loss_mask`
-    [N, seq_len]: where each row is trained (trtbuild.eagle3.data.loss_mask; None: everywhere).
+    [N, seq_len]: where each row is trained (e.g. trtbuild.eagle3.data.answer_loss_mask; None: everywhere).
 
     Under an initialised process group every rank calls this with the same pool and plan."""
     torch.manual_seed(plan.seed)
