@@ -95,7 +95,8 @@ def main() -> None:
         for index, (name, pool) in enumerate(pools.items()):
             entry = Path(scratch) / f"pool-{index}"
             write_entry(entry, pool, config.shard_samples)
-            # keyed by content: the hidden-state dump of a pool is found again by a rerun
+            # keyed by what makes the pool (entry, rows, text seed), not the training seed: a rerun
+            # with another seed finds the pool's hidden-state dump again
             key = f"bench-mix-{args.entry.name}-{len(pool)}-{args.text_seed}"
             found = ShardSet(entry, key, reused=True, computed=0, kept=0, seconds=0.0)
             with mock.patch.object(draft_data, "ensure_data", lambda *a, f=found, **k: f), \
