@@ -15,7 +15,7 @@ def test_defaults() -> None:
     config = QuantizeConfig()
     assert (config.format, config.kv_cache, config.export) == ("fp8", "fp8", "hf")
     assert config.exclude == ["lm_head"]
-    assert config.gate.max_perplexity_ratio == 1.02
+    assert config.gate.max_perplexity_ratio == 1.06
     assert config.calibration.dataset.kind == config.gate.eval_dataset.kind == "pydoc"
 
 
