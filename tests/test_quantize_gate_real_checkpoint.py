@@ -18,7 +18,8 @@ from trtbuild.errors import BuildError
 from trtbuild.quantization import QuantizeConfig, run_quantize
 
 pytestmark = pytest.mark.slow
-# 32 calibration windows and 16 scored ones: the full-size figures are within 0.003 of these.
+# CI-sized: 32 calibration windows, 16 scored. Over calibration seeds 0-2 this measured 1.029-1.039
+# (default FP8) and 1.102-1.113 (the head in FP8 too).
 SMALL = {"calibration": {"num_samples": 32}, "gate": {"eval_samples": 16}, "check_export": False}
 
 
