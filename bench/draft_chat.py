@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
                            "dump_seconds": metrics.get("dump_seconds"),  # hidden_states: offline only
                            "pool_sequences": metrics["pool_sequences"],
                            "train_step_accuracy": metrics["train_step_accuracy"]}
-    source = config.eval.dataset.path or "chat_eval.jsonl"
+    source = (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
     prompts = load_prompts(source, target, config.eval.prompts, 1, base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     started = time.perf_counter()

@@ -58,7 +58,8 @@ def main(argv: list[str]) -> None:
     train_with_mask = training.train
     found = ShardSet(entry, entry.name, reused=True, computed=0, kept=0, seconds=0.0)
     result: dict[str, Any] = {"overrides": overrides, "pool_rows": int(pool.shape[0]), "drafts": {}}
-    prompts = load_prompts(config.eval.dataset.path or "chat_eval.jsonl", target, config.eval.prompts, 1,
+    eval_file = (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
+    prompts = load_prompts(eval_file, target, config.eval.prompts, 1,
                            base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     for index, (name, mask) in enumerate(masks.items()):

@@ -86,7 +86,8 @@ def main() -> None:
         pools.pop("chat answers only")
     calibrate = vocab.calibrate_d2t
     chat_tokens = chat.flatten().tolist()
-    prompts = load_prompts(config.eval.dataset.path or "chat_eval.jsonl", args.target, config.eval.prompts, 1,
+    eval_file = (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
+    prompts = load_prompts(eval_file, args.target, config.eval.prompts, 1,
                            base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     result: dict[str, Any] = {"overrides": overrides, "chat_rows": int(chat.shape[0]), "training_seed": config.seed,

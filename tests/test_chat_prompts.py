@@ -97,3 +97,28 @@ def test_short_chat_evaluation_prompts_validate(tmp_path):
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == expected, done.stderr[-2000:]
     assert "tokens of one prompt" in done.stderr
+
+
+@pytest.mark.slow
+def test_draft_evaluation_of_a_chat_target_defaults_to_requests_it_writes(smollm2):  # noqa: F811
+    """Without draft.eval.dataset, a chat model's draft is measured on requests the target wrote itself
+    under the evaluation's own seed, rendered as the served endpoint renders them; not on pydoc, and
+    not on the requests its training drew under draft.seed."""
+    from transformers import AutoTokenizer
+
+    from trtbuild.eagle3.config import DraftEval
+    from trtbuild.eagle3.draft_data import generation_model
+    from trtbuild.eagle3.evaluate import EVAL_REQUEST_SEED, EVAL_REQUEST_TOKENS, heldout_prompts, prompt_source
+    from trtbuild.eagle3.requests import synthesize
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    settings = DraftEval(prompts=4)
+    prompts = heldout_prompts(smollm2, settings, None)
+    assert "the target wrote" in prompt_source(smollm2, settings)
+
+    model = generation_model(smollm2)
+    written = synthesize(model, tokenizer, 4, EVAL_REQUEST_SEED, EVAL_REQUEST_TOKENS)
+    assert len(set(written)) == 4
+    assert prompts == [_served_ids(tokenizer, [{"role": "user", "content": r}]) for r in written]
+    training = synthesize(model, tokenizer, 4, 0, EVAL_REQUEST_TOKENS)  # draft.seed's default
+    assert not set(training) & set(written)

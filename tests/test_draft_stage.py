@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from draft_fixtures import write_target
 
+from trtbuild.data.sources import TextSource
 from trtbuild.errors import BuildError, UserError
 from trtbuild.progress import Progress
 from trtbuild.stages.base import Artifact, StageContext
@@ -85,6 +86,10 @@ def test_train_export_evaluate(trained, model_artifact: Artifact) -> None:  # ty
                         config.max_draft_len)
     assert again["acceptance_length"] == metrics["acceptance_length"]
     assert again["acceptance_rates"] == metrics["acceptance_rates"]
+    # No eval dataset and no chat template (the tiny target): pydoc's held-out paragraphs, as before.
+    assert config.eval.dataset is None and metrics["eval_prompts_from"].startswith("pydoc")
+    assert prompts == heldout_prompts(model_artifact.path / "hf", config.eval.model_copy(
+        update={"dataset": TextSource(kind="pydoc")}), None)
 
 
 def test_gate_fails_the_build(trained, model_artifact: Artifact, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

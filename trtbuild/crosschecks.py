@@ -133,7 +133,7 @@ def _data_files(recipe: Any) -> list[str]:
     if draft is not None and draft.source != "none":
         if draft.source == "train":
             sources.append(("draft.dataset", draft.dataset))
-        if draft.eval.prompts:
+        if draft.eval.prompts and draft.eval.dataset is not None:
             sources.append(("draft.eval.dataset", draft.eval.dataset))
     out = []
     for field, source in sources:

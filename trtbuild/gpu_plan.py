@@ -62,7 +62,8 @@ def _hf_datasets(recipe: Any) -> list[str]:
     if quantize is not None:
         sources += [quantize.calibration.dataset, quantize.gate.eval_dataset]
     if draft is not None and draft.source != "none":
-        sources.append(draft.eval.dataset)
+        if draft.eval.dataset is not None:
+            sources.append(draft.eval.dataset)
         if draft.source == "train":
             sources.append(draft.dataset)
     names = [s.hf for s in sources if getattr(s, "kind", None) == "hf" and s.hf]

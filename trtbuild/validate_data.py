@@ -101,7 +101,7 @@ def _sources(recipe: Any) -> list[tuple[str, Any, int, bool]]:
     if draft is not None and draft.source != "none":
         if draft.source == "train":
             found.append(("draft.dataset", draft.dataset, draft.seq_len, False))
-        if draft.eval.prompts:
+        if draft.eval.prompts and draft.eval.dataset is not None:
             found.append(("draft.eval.dataset", draft.eval.dataset, draft.eval.prompt_len, True))
     return found
 

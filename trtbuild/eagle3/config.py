@@ -17,8 +17,10 @@ class DraftGate(StageConfig):
 
 
 class DraftEval(StageConfig):
-    dataset: TextSource = Field(default=TextSource(kind="pydoc"), description="Held-out text the prompts "
-                                "come from (its eval split: pydoc's held-out paragraphs).")
+    dataset: TextSource | None = Field(
+        default=None, description="Held-out text the prompts come from (its eval split: pydoc's held-out "
+        "paragraphs). Default: for a target with a chat template, requests the target writes itself "
+        "(seeded apart from training's), rendered as the served endpoint renders them; otherwise pydoc.")
     prompts: int = Field(default=8, ge=0, le=10**5, description="Number of prompts: the first prompt_len "
                          "tokens (BOS included) of records evenly spaced over the eval split, as `trtbuild "
                          "bench` makes them; 0 skips the evaluation (then no gate can be checked).")

@@ -94,7 +94,7 @@ def synthetic_requests(config: Any, target_dir: Path, work: Path, progress: Prog
     from trtbuild.eagle3.requests import synthesize
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    model = _generation_model(target_dir)
+    model = generation_model(target_dir)
     with progress.task("draft data: requests written by the target", config.synthetic_requests) as bar:
         requests = synthesize(model, tokenizer, config.synthetic_requests, config.seed,
                               config.synthetic_request_tokens, lambda n: bar.advance(n))
@@ -104,7 +104,7 @@ def synthetic_requests(config: Any, target_dir: Path, work: Path, progress: Prog
     return requests
 
 
-def _generation_model(target_dir: Path) -> Any:
+def generation_model(target_dir: Path) -> Any:
     """The target through transformers: bfloat16 on CUDA when there is a GPU, float32 on the CPU."""
     import torch
 
@@ -160,7 +160,7 @@ def target_generator(target_dir: Path) -> Generate:
         llm = _trtllm_generator(target_dir)
         if llm is not None:
             return llm
-    model = _generation_model(target_dir)
+    model = generation_model(target_dir)
     return lambda prompts, seq_len: greedy_fill(model, prompts, seq_len)
 
 

@@ -21,25 +21,60 @@ if TYPE_CHECKING:
     from trtbuild.stage_api import StageContext
 
 FIRST_NORM = "standard"
+# The requests a chat target writes for its draft's evaluation: a seed of their own (training's are
+# drawn under `draft.seed`), and training's default length (`draft.synthetic_request_tokens`).
+EVAL_REQUEST_SEED = 1_000_000_007
+EVAL_REQUEST_TOKENS = 64
 
 
 def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> list[list[int]]:
     """`settings.prompts` token-id prompts, made as the bench makes them: record starts of the eval
     split, or, for chat records, the request rendered with the chat template exactly as the served
-    OpenAI endpoint renders it (trtbuild.data.chat; short prompts allowed)."""
+    OpenAI endpoint renders it (trtbuild.data.chat; short prompts allowed). Without a dataset: the
+    target's own requests when it has a chat template (`target_written_prompts`), else pydoc."""
     from transformers import AutoTokenizer
 
     from trtbuild.data.chat import record_prompt_ids
-    from trtbuild.data.sources import load_records
+    from trtbuild.data.sources import TextSource, load_records
     from trtbuild.errors import UserError
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    records = load_records(settings.dataset, "eval", base_dir=base_dir)
+    if settings.dataset is None and getattr(tokenizer, "chat_template", None):
+        return target_written_prompts(target_dir, tokenizer, settings.prompts)
+    records = load_records(settings.dataset or TextSource(kind="pydoc"), "eval", base_dir=base_dir)
     prompts = record_prompt_ids(tokenizer, records, settings.prompts, settings.prompt_len)
     if not prompts:
         raise UserError(f"no record of the evaluation text has {settings.prompt_len} tokens",
                         field="draft.eval.prompt_len", fix="lower draft.eval.prompt_len")
     return prompts
+
+
+def prompt_source(target_dir: Path, settings: DraftEval) -> str:
+    """Where `heldout_prompts` takes the prompts from, in words (reported with tau)."""
+    from transformers import AutoTokenizer
+
+    if settings.dataset is not None:
+        return settings.dataset.describe()
+    if getattr(AutoTokenizer.from_pretrained(str(target_dir)), "chat_template", None):
+        return "chat requests the target wrote (draft.eval.dataset unset)"
+    return "pydoc (draft.eval.dataset unset, the target has no chat template)"
+
+
+def target_written_prompts(target_dir: Path, tokenizer: Any, count: int) -> list[list[int]]:
+    """`count` chat requests the target writes itself (trtbuild.eagle3.requests, the training's
+    Magpie sampling under a seed of its own), rendered as the served endpoint renders them. A chat
+    model's draft is measured on requests like the ones it will serve, without a dataset; pydoc's
+    raw paragraphs are text such a model is never sent."""
+    from trtbuild.data.chat import chat_prompt_ids
+    from trtbuild.eagle3.draft_data import generation_model
+    from trtbuild.eagle3.requests import synthesize
+    from trtbuild.errors import UserError
+
+    requests = synthesize(generation_model(target_dir), tokenizer, count, EVAL_REQUEST_SEED, EVAL_REQUEST_TOKENS)
+    if not requests:
+        raise UserError("the target wrote no evaluation request", field="draft.eval.dataset",
+                        fix="give held-out prompts in draft.eval.dataset")
+    return [chat_prompt_ids(tokenizer, [{"role": "user", "content": r}]) for r in requests]
 
 
 def measure_tau(target_dir: Path, draft_dir: Path | None, prompts: Any, new_tokens: int, max_draft_len: int,
@@ -81,5 +116,6 @@ def measure_tau(target_dir: Path, draft_dir: Path | None, prompts: Any, new_toke
 def evaluate_draft(target_dir: Path, draft_dir: Path | None, settings: DraftEval, max_draft_len: int,
                    ctx: StageContext, max_matching_ngram_size: int = 2) -> dict[str, Any]:
     prompts = heldout_prompts(target_dir, settings, ctx.recipe.base_dir)
-    return measure_tau(target_dir, draft_dir, prompts, settings.new_tokens, max_draft_len, settings.mode,
-                       ctx.progress, max_matching_ngram_size)
+    metrics = {"eval_prompts_from": prompt_source(target_dir, settings)}
+    return metrics | measure_tau(target_dir, draft_dir, prompts, settings.new_tokens, max_draft_len,
+                                 settings.mode, ctx.progress, max_matching_ngram_size)

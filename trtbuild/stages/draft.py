@@ -70,7 +70,8 @@ class DraftStage(Stage):
         from trtbuild.data.sources import fingerprint
 
         base = recipe.base_dir
-        material: dict[str, Any] = {"eval_dataset": fingerprint(config.eval.dataset, base_dir=base)}
+        eval_source = config.eval.dataset
+        material: dict[str, Any] = {"eval_dataset": None if eval_source is None else fingerprint(eval_source, base_dir=base)}
         if config.source == "train":
             material["dataset"] = fingerprint(config.dataset, base_dir=recipe.base_dir)
         elif config.source == "path":
