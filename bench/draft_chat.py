@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draft_training import draft_config, train
+from draft_training import draft_config, eval_prompt_file, train
 
 RECIPE = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2-chat.yaml"
 
@@ -41,8 +41,7 @@ def main(argv: list[str]) -> None:
                            "dump_seconds": metrics.get("dump_seconds"),  # hidden_states: offline only
                            "pool_sequences": metrics["pool_sequences"],
                            "train_step_accuracy": metrics["train_step_accuracy"]}
-    source = (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
-    prompts = load_prompts(source, target, config.eval.prompts, 1, base_dir=RECIPE.parent)
+    prompts = load_prompts(eval_prompt_file(config), target, config.eval.prompts, 1, base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     started = time.perf_counter()
     for draft_dir, tag in ((out / "eagle3", "e"), (None, "n")):  # None: n-gram prompt lookup

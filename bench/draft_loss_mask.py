@@ -22,7 +22,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from draft_training import draft_config, train
+from draft_training import draft_config, eval_prompt_file, train
 
 RECIPE = Path(__file__).resolve().parent / "smollm2-report.yaml"
 
@@ -58,9 +58,7 @@ def main(argv: list[str]) -> None:
     train_with_mask = training.train
     found = ShardSet(entry, entry.name, reused=True, computed=0, kept=0, seconds=0.0)
     result: dict[str, Any] = {"overrides": overrides, "pool_rows": int(pool.shape[0]), "drafts": {}}
-    eval_file = (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
-    prompts = load_prompts(eval_file, target, config.eval.prompts, 1,
-                           base_dir=RECIPE.parent)
+    prompts = load_prompts(eval_prompt_file(config), target, config.eval.prompts, 1, base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     for index, (name, mask) in enumerate(masks.items()):
         def masked(*args: Any, m: torch.Tensor = mask, **kwargs: Any) -> Any:

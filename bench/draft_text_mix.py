@@ -28,7 +28,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from draft_training import draft_config, train
+from draft_training import draft_config, eval_prompt_file, train
 
 RECIPE = Path(__file__).resolve().parent / "smollm2-report.yaml"
 
@@ -86,9 +86,7 @@ def main() -> None:
         pools.pop("chat answers only")
     calibrate = vocab.calibrate_d2t
     chat_tokens = chat.flatten().tolist()
-    eval_file = (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
-    prompts = load_prompts(eval_file, args.target, config.eval.prompts, 1,
-                           base_dir=RECIPE.parent)
+    prompts = load_prompts(eval_prompt_file(config), args.target, config.eval.prompts, 1, base_dir=RECIPE.parent)
     depth, new_tokens = config.max_draft_len, config.eval.new_tokens
     result: dict[str, Any] = {"overrides": overrides, "chat_rows": int(chat.shape[0]), "training_seed": config.seed,
                               "drafts": {}}

@@ -23,6 +23,11 @@ def draft_config(recipe: Path, overrides: list[str]) -> tuple[Any, dict[str, Any
     return DraftConfig(**{**fields, **parsed}), parsed
 
 
+def eval_prompt_file(config: Any) -> str:
+    """The chat .jsonl a bench measures tau on: the recipe's draft.eval.dataset, else the held-out requests."""
+    return (config.eval.dataset.path if config.eval.dataset else None) or "chat_eval.jsonl"
+
+
 def train(config: Any, target: Path, out: Path, base_dir: Path) -> dict[str, Any]:
     """Train into `out` (the draft in out/eagle3, the stage's train_log.json beside it); data paths
     of the config resolve against `base_dir`. Returns train_draft's metrics and info."""

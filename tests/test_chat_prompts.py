@@ -106,19 +106,19 @@ def test_draft_evaluation_of_a_chat_target_defaults_to_requests_it_writes(smollm
     not on the requests its training drew under draft.seed."""
     from transformers import AutoTokenizer
 
-    from trtbuild.eagle3.config import DraftEval
+    from trtbuild.eagle3.config import DraftConfig, DraftEval
     from trtbuild.eagle3.draft_data import generation_model
-    from trtbuild.eagle3.evaluate import EVAL_REQUEST_SEED, EVAL_REQUEST_TOKENS, heldout_prompts, prompt_source
+    from trtbuild.eagle3.evaluate import EVAL_REQUEST_SEED, eval_prompts
     from trtbuild.eagle3.requests import synthesize
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
-    settings = DraftEval(prompts=4)
-    prompts = heldout_prompts(smollm2, settings, None)
-    assert "the target wrote" in prompt_source(smollm2, settings)
+    prompts, origin = eval_prompts(smollm2, DraftEval(prompts=4), None)
+    assert "the target wrote" in origin
 
     model = generation_model(smollm2)
-    written = synthesize(model, tokenizer, 4, EVAL_REQUEST_SEED, EVAL_REQUEST_TOKENS)
+    defaults = DraftConfig()
+    written = synthesize(model, tokenizer, 4, EVAL_REQUEST_SEED, defaults.synthetic_request_tokens)
     assert len(set(written)) == 4
     assert prompts == [_served_ids(tokenizer, [{"role": "user", "content": r}]) for r in written]
-    training = synthesize(model, tokenizer, 4, 0, EVAL_REQUEST_TOKENS)  # draft.seed's default
+    training = synthesize(model, tokenizer, 4, defaults.seed, defaults.synthetic_request_tokens)
     assert not set(training) & set(written)

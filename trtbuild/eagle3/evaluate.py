@@ -21,17 +21,22 @@ if TYPE_CHECKING:
     from trtbuild.stage_api import StageContext
 
 FIRST_NORM = "standard"
-# The requests a chat target writes for its draft's evaluation: a seed of their own (training's are
-# drawn under `draft.seed`), and training's default length (`draft.synthetic_request_tokens`).
+# The requests a chat target writes for its draft's evaluation are drawn under a seed of their own
+# (training's are drawn under `draft.seed`).
 EVAL_REQUEST_SEED = 1_000_000_007
-EVAL_REQUEST_TOKENS = 64
 
 
 def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> list[list[int]]:
-    """`settings.prompts` token-id prompts, made as the bench makes them: record starts of the eval
-    split, or, for chat records, the request rendered with the chat template exactly as the served
-    OpenAI endpoint renders it (trtbuild.data.chat; short prompts allowed). Without a dataset: the
-    target's own requests when it has a chat template (`target_written_prompts`), else pydoc."""
+    """The prompts of `eval_prompts`, without saying where they came from."""
+    return eval_prompts(target_dir, settings, base_dir)[0]
+
+
+def eval_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> tuple[list[list[int]], str]:
+    """`settings.prompts` token-id prompts, made as the bench makes them, and where they came from
+    (reported with tau): record starts of the eval split, or, for chat records, the request rendered
+    with the chat template exactly as the served OpenAI endpoint renders it (trtbuild.data.chat;
+    short prompts allowed). Without a dataset: the target's own requests when it has a chat template
+    (`target_written_prompts`), else pydoc."""
     from transformers import AutoTokenizer
 
     from trtbuild.data.chat import record_prompt_ids
@@ -39,38 +44,34 @@ def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None
     from trtbuild.errors import UserError
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    if settings.dataset is None and getattr(tokenizer, "chat_template", None):
-        return target_written_prompts(target_dir, tokenizer, settings.prompts)
-    records = load_records(settings.dataset or TextSource(kind="pydoc"), "eval", base_dir=base_dir)
+    if settings.dataset is not None:
+        source, origin = settings.dataset, settings.dataset.describe()
+    elif getattr(tokenizer, "chat_template", None):
+        return (target_written_prompts(target_dir, tokenizer, settings.prompts),
+                "chat requests the target wrote (draft.eval.dataset unset)")
+    else:
+        source, origin = TextSource(kind="pydoc"), "pydoc (draft.eval.dataset unset, the target has no chat template)"
+    records = load_records(source, "eval", base_dir=base_dir)
     prompts = record_prompt_ids(tokenizer, records, settings.prompts, settings.prompt_len)
     if not prompts:
         raise UserError(f"no record of the evaluation text has {settings.prompt_len} tokens",
                         field="draft.eval.prompt_len", fix="lower draft.eval.prompt_len")
-    return prompts
-
-
-def prompt_source(target_dir: Path, settings: DraftEval) -> str:
-    """Where `heldout_prompts` takes the prompts from, in words (reported with tau)."""
-    from transformers import AutoTokenizer
-
-    if settings.dataset is not None:
-        return settings.dataset.describe()
-    if getattr(AutoTokenizer.from_pretrained(str(target_dir)), "chat_template", None):
-        return "chat requests the target wrote (draft.eval.dataset unset)"
-    return "pydoc (draft.eval.dataset unset, the target has no chat template)"
+    return prompts, origin
 
 
 def target_written_prompts(target_dir: Path, tokenizer: Any, count: int) -> list[list[int]]:
     """`count` chat requests the target writes itself (trtbuild.eagle3.requests, the training's
-    Magpie sampling under a seed of its own), rendered as the served endpoint renders them. A chat
-    model's draft is measured on requests like the ones it will serve, without a dataset; pydoc's
-    raw paragraphs are text such a model is never sent."""
+    Magpie sampling under a seed of its own, as long as training's by default), rendered as the
+    served endpoint renders them. A chat model's draft is measured on requests like the ones it
+    will serve, without a dataset; pydoc's raw paragraphs are text such a model is never sent."""
     from trtbuild.data.chat import chat_prompt_ids
+    from trtbuild.eagle3.config import DraftConfig
     from trtbuild.eagle3.draft_data import generation_model
     from trtbuild.eagle3.requests import synthesize
     from trtbuild.errors import UserError
 
-    requests = synthesize(generation_model(target_dir), tokenizer, count, EVAL_REQUEST_SEED, EVAL_REQUEST_TOKENS)
+    max_tokens = DraftConfig.model_fields["synthetic_request_tokens"].default
+    requests = synthesize(generation_model(target_dir), tokenizer, count, EVAL_REQUEST_SEED, max_tokens)
     if not requests:
         raise UserError("the target wrote no evaluation request", field="draft.eval.dataset",
                         fix="give held-out prompts in draft.eval.dataset")
@@ -115,7 +116,6 @@ def measure_tau(target_dir: Path, draft_dir: Path | None, prompts: Any, new_toke
 
 def evaluate_draft(target_dir: Path, draft_dir: Path | None, settings: DraftEval, max_draft_len: int,
                    ctx: StageContext, max_matching_ngram_size: int = 2) -> dict[str, Any]:
-    prompts = heldout_prompts(target_dir, settings, ctx.recipe.base_dir)
-    metrics = {"eval_prompts_from": prompt_source(target_dir, settings)}
-    return metrics | measure_tau(target_dir, draft_dir, prompts, settings.new_tokens, max_draft_len,
+    prompts, origin = eval_prompts(target_dir, settings, ctx.recipe.base_dir)
+    return {"eval_prompts_from": origin} | measure_tau(target_dir, draft_dir, prompts, settings.new_tokens, max_draft_len,
                                  settings.mode, ctx.progress, max_matching_ngram_size)
