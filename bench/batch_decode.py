@@ -18,7 +18,7 @@ import torch
 from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
 from trtbuild.runtime.batch import BatchDecoder
 from trtbuild.runtime.batch_eagle3 import Eagle3ChainSpeculator
-from trtbuild.triton.commands import default_prompts
+from trtbuild.serve.commands import default_prompts
 
 
 def decode(gen: Generator, prompts: list[list[int]], tokens: int, batch: int, draft_len: int) -> tuple[list, float]:

@@ -22,9 +22,9 @@ import torch
 
 from trtbuild.runtime.batch_forward import Layout, RowGroup, target_groups
 from trtbuild.runtime.batch_kv import BatchKV
-from trtbuild.triton.commands import default_prompts
-from trtbuild.triton.textbatch import TextBatcher
-from trtbuild.triton.textgen import GenRequest, TextGenerator
+from trtbuild.serve.commands import default_prompts
+from trtbuild.serve.textbatch import TextBatcher
+from trtbuild.serve.textgen import GenRequest, TextGenerator
 
 
 def forward_costs(gen: TextGenerator, rounds: int) -> None:

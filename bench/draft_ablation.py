@@ -23,7 +23,7 @@ from draft_training import draft_config, train
 def main(argv: list[str]) -> None:
     import torch
 
-    from trtbuild.eagle3.evaluate import measure_tau
+    from trtbuild.draft.evaluate import measure_tau
     from trtbuild.runtime.bench import load_prompts
 
     target, out = Path(argv[0]), Path(argv[1])

@@ -28,7 +28,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "tests" / "data" / "smollm2-ch
 def main(argv: list[str]) -> None:
     import torch
 
-    from trtbuild.eagle3.evaluate import measure_tau
+    from trtbuild.draft.evaluate import measure_tau
     from trtbuild.runtime.bench import load_prompts
 
     target, out = Path(argv[0]), Path(argv[1])

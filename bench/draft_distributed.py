@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.recipe_info import RecipeInfo
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -30,21 +32,15 @@ DRAFT = dict(samples=32, batch_size=8, seq_len=32, prompt_len=8, max_draft_len=3
              checkpoint_every=4, eval={"prompts": 8, "prompt_len": 12, "new_tokens": 32})
 
 
-class _Recipe:
-    def __init__(self, base_dir: Path) -> None:
-        self.base_dir = base_dir
 
-    def resolve_path(self, value: str) -> Path:
-        return (self.base_dir / value).resolve()
-
-    def stage_config(self, name: str) -> Any:
-        return None
+def _Recipe(base_dir: Path) -> RecipeInfo:
+    return RecipeInfo.standalone(base_dir)
 
 
 def run(target: Any, out: Path, seed: int, steps: int, **train: Any) -> dict[str, Any]:
-    from trtbuild.progress import Progress
-    from trtbuild.stages.base import StageContext
-    from trtbuild.stages.draft import DraftConfig, DraftStage
+    from trtbuild.core.progress import Progress
+    from trtbuild.core.stage import StageContext
+    from trtbuild.draft.stage import DraftConfig, DraftStage
 
     out.mkdir(parents=True)
     config = DraftConfig(**{**DRAFT, "steps": steps, "seed": seed, "train": train})
@@ -74,9 +70,9 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
 
-    from trtbuild.progress import Progress
-    from trtbuild.stages.base import Artifact
-    from trtbuild.tiny import TinyModelConfig, build_tiny_model
+    from trtbuild.core.progress import Progress
+    from trtbuild.core.stage import Artifact
+    from trtbuild.model.tiny import TinyModelConfig, build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TRTBUILD_CACHE"] = str(Path(tmp) / "cache")

@@ -43,7 +43,7 @@ def teacher_forced_first_step(target, draft, generator, prompts: list[list[int]]
 
 
 def main() -> None:
-    from trtbuild.eagle3.evaluate import measure_tau
+    from trtbuild.draft.evaluate import measure_tau
     from trtbuild.runtime import Generator, load_draft, load_target
     from trtbuild.runtime.bench import load_prompts
 

@@ -5,10 +5,10 @@
 DATA_ENTRY: a draft-data cache entry made for TARGET_HF_DIR from chat requests (e.g. by
 `bench/real_checkpoint_report.py`: `<cache>/draft-data/<key>`). Each row's request is found as the
 rendered prompt up to its first `<|im_start|>assistant\\n` (single-turn chats), and
-trtbuild.eagle3.data.answer_loss_mask gives the answer-only mask from it. Both drafts train through the
+trtbuild.draft.data.answer_loss_mask gives the answer-only mask from it. Both drafts train through the
 draft stage's own code (`train_draft`: the same pool, hidden states, settings and seed; fields are
 DraftConfig's on top of bench/smollm2-report.yaml's draft section; the mask handed to
-`trtbuild.eagle3.train.train`) and are measured on the same held-out chat prompts with the stage's
+`trtbuild.draft.train.train`) and are measured on the same held-out chat prompts with the stage's
 `measure_tau`, with n-gram prompt lookup beside them. Prints one JSON object.
 """
 
@@ -28,7 +28,7 @@ RECIPE = Path(__file__).resolve().parent / "smollm2-report.yaml"
 
 
 def answer_mask(pool: torch.Tensor, tokenizer: Any) -> torch.Tensor:
-    from trtbuild.eagle3.data import answer_loss_mask
+    from trtbuild.draft.data import answer_loss_mask
 
     header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     answer_starts = []
@@ -43,10 +43,10 @@ def answer_mask(pool: torch.Tensor, tokenizer: Any) -> torch.Tensor:
 def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
-    from trtbuild.eagle3 import draft_data
-    from trtbuild.eagle3 import train as training
-    from trtbuild.eagle3.evaluate import measure_tau
-    from trtbuild.eagle3.shards import ShardSet
+    from trtbuild.draft import draft_data
+    from trtbuild.draft import train as training
+    from trtbuild.draft.evaluate import measure_tau
+    from trtbuild.draft.shards import ShardSet
     from trtbuild.runtime.bench import load_prompts
 
     target, entry, out = Path(argv[0]), Path(argv[1]), Path(argv[2])

@@ -17,19 +17,15 @@ import statistics
 import time
 from pathlib import Path
 
+from trtbuild.core.recipe_info import RecipeInfo
 
-class _Recipe:
-    base_dir = Path(".")
 
-    def resolve_path(self, value: str) -> Path:
-        return Path(value)
-
-    def stage_config(self, name: str) -> None:
-        return None
+def _Recipe() -> RecipeInfo:
+    return RecipeInfo.standalone()
 
 
 def _config(args: argparse.Namespace, seed: int, mode: str):  # type: ignore[no-untyped-def]
-    from trtbuild.eagle3.config import DraftConfig
+    from trtbuild.draft.config import DraftConfig
 
     return DraftConfig(samples=args.samples, steps=args.steps, batch_size=8, seq_len=args.seq_len, prompt_len=16,
                        distill_fraction=1.0, aux_layers=[0, 1, 2], max_draft_len=3, shard_samples=32, seed=seed,
@@ -37,9 +33,9 @@ def _config(args: argparse.Namespace, seed: int, mode: str):  # type: ignore[no-
 
 
 def _stage_runs(args: argparse.Namespace, model) -> list[dict]:  # type: ignore[no-untyped-def]
-    from trtbuild.progress import Progress
-    from trtbuild.stages.base import StageContext
-    from trtbuild.stages.draft import DraftStage
+    from trtbuild.core.progress import Progress
+    from trtbuild.core.stage import StageContext
+    from trtbuild.draft.stage import DraftStage
 
     rows = []
     for seed in args.seeds:
@@ -61,9 +57,9 @@ def _interleaved_steps(args: argparse.Namespace, target: Path) -> tuple[list[flo
     """Seconds per training step (forward, backward, optimizer), online and offline, alternating."""
     import torch
 
-    from trtbuild.eagle3.draft_data import load_pool
-    from trtbuild.eagle3.hidden_store import HiddenStore, load_head_only
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, draft_parameters, load_target
+    from trtbuild.draft.draft_data import load_pool
+    from trtbuild.draft.hidden_store import HiddenStore, load_head_only
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3, draft_parameters, load_target
 
     cache = args.out / "cache"
     data_entry = next(p for p in (cache / "draft-data").iterdir() if not p.name.startswith("."))
@@ -111,7 +107,7 @@ def main() -> None:
     model_dir = args.out / "model"
     model_dir.mkdir()
     (model_dir / "hf").symlink_to(args.target.resolve())
-    from trtbuild.stages.base import Artifact
+    from trtbuild.core.stage import Artifact
 
     rows = _stage_runs(args, Artifact("model", "bench-target", model_dir))
     online, offline = _interleaved_steps(args, args.target)

@@ -27,9 +27,9 @@ FIELDS = ("train_target_sharding", "target_bytes_read_per_rank", "rank_peak_host
 def main() -> None:
     from test_draft_distributed import _Recipe
 
-    from trtbuild.progress import Progress
-    from trtbuild.stages.base import Artifact, StageContext
-    from trtbuild.stages.draft import DraftConfig, DraftStage
+    from trtbuild.core.progress import Progress
+    from trtbuild.core.stage import Artifact, StageContext
+    from trtbuild.draft.stage import DraftConfig, DraftStage
 
     parser = argparse.ArgumentParser()
     parser.add_argument("target", type=Path, help="an HF directory (the model stage's hf/)")

@@ -36,7 +36,7 @@ RECIPE = Path(__file__).resolve().parent / "smollm2-report.yaml"
 def text_rows(target: Path, count: int, seq_len: int, seed: int) -> torch.Tensor:
     from transformers import AutoTokenizer
 
-    from trtbuild.data import sources
+    from trtbuild.core.data import sources
 
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     source = sources.TextSource(kind="pydoc")
@@ -47,7 +47,7 @@ def text_rows(target: Path, count: int, seq_len: int, seed: int) -> torch.Tensor
 
 def write_entry(directory: Path, pool: torch.Tensor, shard_rows: int) -> None:
     """A draft-data entry as the stage writes one: `input_ids` shards and the set's meta."""
-    from trtbuild.eagle3 import shards
+    from trtbuild.draft import shards
 
     directory.mkdir(parents=True)
     count = shards.shard_count(pool.shape[0], shard_rows)
@@ -59,9 +59,9 @@ def write_entry(directory: Path, pool: torch.Tensor, shard_rows: int) -> None:
 
 
 def main() -> None:
-    from trtbuild.eagle3 import draft_data, vocab
-    from trtbuild.eagle3.evaluate import measure_tau
-    from trtbuild.eagle3.shards import ShardSet
+    from trtbuild.draft import draft_data, vocab
+    from trtbuild.draft.evaluate import measure_tau
+    from trtbuild.draft.shards import ShardSet
     from trtbuild.runtime.bench import load_prompts
 
     parser = argparse.ArgumentParser()

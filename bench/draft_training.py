@@ -1,5 +1,5 @@
 """What the draft benches share: a DraftConfig from a recipe's draft section plus `field=value`
-overrides, and one training by the draft stage's own code (trtbuild.eagle3.build.train_draft)."""
+overrides, and one training by the draft stage's own code (trtbuild.draft.build.train_draft)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import Any
 
 import yaml
 
+from trtbuild.core.recipe_info import RecipeInfo
+
 
 def draft_config(recipe: Path, overrides: list[str]) -> tuple[Any, dict[str, Any]]:
     """(DraftConfig, the parsed overrides): the recipe's draft section without source and gate."""
-    from trtbuild.stages.draft import DraftConfig
+    from trtbuild.draft.stage import DraftConfig
 
     parsed: dict[str, Any] = {}
     for item in overrides:
@@ -31,19 +33,12 @@ def eval_prompt_file(config: Any) -> str:
 def train(config: Any, target: Path, out: Path, base_dir: Path) -> dict[str, Any]:
     """Train into `out` (the draft in out/eagle3, the stage's train_log.json beside it); data paths
     of the config resolve against `base_dir`. Returns train_draft's metrics and info."""
-    from trtbuild.eagle3.build import train_draft
-    from trtbuild.progress import Progress
-    from trtbuild.stages.base import StageContext
+    from trtbuild.core.progress import Progress
+    from trtbuild.core.stage import StageContext
+    from trtbuild.draft.build import train_draft
 
-    class _Recipe:
-        def __init__(self) -> None:
-            self.base_dir = base_dir
-
-        def resolve_path(self, value: str) -> Path:
-            return (base_dir / value).resolve()
-
-        def stage_config(self, name: str) -> None:
-            return None
+    def _Recipe() -> RecipeInfo:
+        return RecipeInfo.standalone(base_dir)
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

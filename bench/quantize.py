@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trtbuild.progress import Progress
-from trtbuild.stages.quantize import QuantizeConfig, run_quantize
+from trtbuild.core.progress import Progress
+from trtbuild.quantize.stage import QuantizeConfig, run_quantize
 
 
 def main() -> int:

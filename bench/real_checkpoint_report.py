@@ -54,8 +54,8 @@ def perplexities(model_dir: Path, fp8_dir: Path, windows: int, seq_len: int) -> 
     """FP8 / base perplexity on pydoc (held-out) and chat text, both through trtbuild's runtime."""
     from transformers import AutoTokenizer
 
-    from trtbuild import evaluation
-    from trtbuild.data import sources
+    from trtbuild.core.data import sources
+    from trtbuild.quantize import evaluation
     from trtbuild.runtime import load_target
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

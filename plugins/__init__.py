@@ -1,4 +1,4 @@
-"""Kernels behind trtbuild's GEMM plugins (the registry is `trtbuild.plugins`).
+"""Kernels behind trtbuild's GEMM plugins (the registry is `trtbuild.core.plugins`).
 
 gemm_weight_shuffle/   FP8 GEMM/GEMV reading tile-shuffled weights with contiguous wide loads
 spatial_partition/     the warp-specialized (producer/consumer) version of that kernel

@@ -175,7 +175,7 @@ def bench_shape(name: str, n: int, k: int, ms: list[int], plugin_names: list[str
     import torch
 
     from plugins.common.layout import shuffle
-    from trtbuild import plugins
+    from trtbuild.core import plugins
 
     rows: list[Row] = []
     try:
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from plugins.common.arch import arch_of_capability, canonical_arch
-    from trtbuild import plugins
+    from trtbuild.core import plugins
 
     started = time.monotonic()
     if args.dry_run:

@@ -36,8 +36,8 @@ def say(line: str) -> None:
 def step_times(model, pool, args, device: str, autocast: str | None) -> list[float]:  # type: ignore[no-untyped-def]
     """Seconds of every step of one run of the stage's loop, read off its progress callback (called
     after each optimizer step, once the loss is on the host: on CUDA that is a synchronisation)."""
-    from trtbuild.eagle3.train import TrainPlan, train
-    from trtbuild.progress import Progress
+    from trtbuild.core.progress import Progress
+    from trtbuild.draft.train import TrainPlan, train
 
     class Clock(Progress):
         def __init__(self) -> None:
@@ -82,8 +82,8 @@ def main() -> int:
         return 0
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trtbuild.eagle3.format import default_aux_layers
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3
+    from trtbuild.draft.format import default_aux_layers
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3
 
     torch.manual_seed(0)
     config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)

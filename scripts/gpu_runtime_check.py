@@ -77,7 +77,7 @@ def write_draft(directory: Path, target_cfg: dict, device: str) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from trtbuild.eagle3.format import LAYER_TENSORS
+    from trtbuild.draft.format import LAYER_TENSORS
 
     directory.mkdir(parents=True)
     h, i = target_cfg["hidden_size"], target_cfg["intermediate_size"]

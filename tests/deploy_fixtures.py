@@ -17,8 +17,8 @@ from typing import Any
 
 from draft_fixtures import write_target
 
-from trtbuild.progress import Progress
-from trtbuild.stages.base import Artifact, StageContext
+from trtbuild.core.progress import Progress
+from trtbuild.core.stage import Artifact, StageContext
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 4, 64, 4, 2, 128, 384
 DRAFT_AUX = [0, 1, 2]
@@ -30,7 +30,7 @@ def write_random_draft(directory: Path, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from trtbuild.eagle3.format import LAYER_TENSORS
+    from trtbuild.draft.format import LAYER_TENSORS
 
     directory.mkdir(parents=True)
     head_dim = HIDDEN // HEADS
@@ -63,16 +63,9 @@ def write_sources(root: Path) -> dict[str, Path]:
 
 def make_recipe(base: Path, *, engine: dict[str, Any] | None = None, draft: bool = True,
                 deploy: dict[str, Any] | None = None) -> Any:
-    from pydantic import create_model
+    from trtbuild.app.recipe import Recipe
 
-    from trtbuild.recipe import RecipeBase
-    from trtbuild.stages.deploy import DeployConfig
-    from trtbuild.stages.draft import DraftConfig
-    from trtbuild.stages.engine import EngineConfig
-
-    recipe_cls = create_model("DeployTestRecipe", __base__=RecipeBase, draft=(DraftConfig | None, None),
-                              engine=(EngineConfig | None, None), deploy=(DeployConfig | None, None))
-    recipe = recipe_cls.model_validate({
+    recipe = Recipe.model_validate({
         "name": "deploy-test",
         "draft": {"source": "train", "max_draft_len": 3} if draft else {"source": "none"},
         "engine": {"max_batch_size": 4, **(engine or {})},
@@ -84,7 +77,7 @@ def make_recipe(base: Path, *, engine: dict[str, Any] | None = None, draft: bool
 
 def build_engine(base: Path, sources: dict[str, Path], recipe: Any, name: str = "engine") -> Path:
     """Run the engine stage into `<base>/cache/engine/<name>` (cache-like depth for the bundle link)."""
-    from trtbuild.stages.engine import EngineStage
+    from trtbuild.engine.stage import EngineStage
 
     out = base / "cache" / "engine" / name
     shutil.rmtree(out, ignore_errors=True)
@@ -97,7 +90,7 @@ def build_engine(base: Path, sources: dict[str, Path], recipe: Any, name: str = 
 
 
 def build_deploy(base: Path, engine_dir: Path, recipe: Any, name: str = "deploy") -> tuple[Path, Any]:
-    from trtbuild.stages.deploy import DeployStage
+    from trtbuild.deploy.stage import DeployStage
 
     out = base / "cache" / "deploy" / name
     shutil.rmtree(out, ignore_errors=True)

@@ -16,7 +16,7 @@ VOCAB = 384
 def _tokenizer_json(vocab_size: int, corpus_chars: int) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from trtbuild.data.pydoc_corpus import train_text
+    from trtbuild.core.data.pydoc_corpus import train_text
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -72,9 +72,9 @@ def random_eagle3(target_dir: Path, num_layers: int, draft_vocab: int) -> tuple[
     """The target converted by ModelOpt (the draft stage's conversion) with a draft vocabulary of
     `draft_vocab` random tokens and random draft weights, norms far from 1 (so a doubled first-layer
     norm would show in the drafts). Returns (model, the draft vocabulary's target ids)."""
-    from trtbuild.eagle3.format import default_aux_layers
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
-    from trtbuild.eagle3.vocab import d2t_table
+    from trtbuild.draft.format import default_aux_layers
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.draft.vocab import d2t_table
 
     chosen = sorted(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))[:draft_vocab].tolist())
     model = convert_to_eagle3(load_target(target_dir),

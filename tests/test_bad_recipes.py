@@ -423,7 +423,7 @@ def test_unreadable_recipes_are_refused_without_reading(tmp_path, capsys, monkey
 def test_local_instances_are_sized_against_memory(tmp_path, monkeypatch, capsys, ram_gib, instances, refused):
     """Issue 24 finding 11: 64 local instances of the tiny model (~38 GB measured) pass validate on a
     24 GiB machine no more; the machine's memory is set here so the case does not depend on the host."""
-    from trtbuild import crosschecks
+    from trtbuild.app import crosschecks
 
     monkeypatch.setattr(crosschecks, "machine_memory", lambda: ram_gib << 30)
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))

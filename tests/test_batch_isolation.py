@@ -11,7 +11,7 @@ from draft_fixtures import write_target
 from runtime_fixtures import one_thread  # noqa: F401
 from test_runtime_speculative import build_pair
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime import Generator, SamplingParams
 from trtbuild.runtime.batch import BatchDecoder
 from trtbuild.runtime.batch_eagle3 import Eagle3ChainSpeculator
@@ -143,7 +143,7 @@ def test_sampling_parameters_are_range_checked(values: dict, field: str) -> None
 def text_models(tmp_path_factory):
     """A real BPE tokenizer of 384 ids with a matching target, and one whose vocabulary is 200
     (a tokenizer that does not match the model: what `validate` now refuses for a recipe)."""
-    from trtbuild.triton.textgen import TextGenerator
+    from trtbuild.serve.textgen import TextGenerator
 
     root = tmp_path_factory.mktemp("text")
     matching = TextGenerator(write_target(root / "ok", num_hidden_layers=2))
@@ -155,7 +155,7 @@ TEXTS = ["def parse(text):", "import os\nimport sys", "class Queue:", "return se
 
 
 def _drain(batcher, requests: dict) -> dict:
-    from trtbuild.triton.textbatch import TextBatcher
+    from trtbuild.serve.textbatch import TextBatcher
 
     assert isinstance(batcher, TextBatcher)
     out: dict = {}
@@ -175,8 +175,8 @@ def _drain(batcher, requests: dict) -> dict:
 
 
 def test_text_batch_four_greedy_requests_and_a_hostile_temperature(text_models) -> None:
-    from trtbuild.triton.textbatch import TextBatcher
-    from trtbuild.triton.textgen import GenRequest
+    from trtbuild.serve.textbatch import TextBatcher
+    from trtbuild.serve.textgen import GenRequest
 
     generator, _ = text_models
     solo = {i: generator.generate(GenRequest(prompt=t, max_tokens=16)) for i, t in enumerate(TEXTS)}
@@ -190,8 +190,8 @@ def test_text_batch_four_greedy_requests_and_a_hostile_temperature(text_models) 
 
 
 def test_text_batch_with_a_tokenizer_beyond_the_model_vocabulary(text_models) -> None:
-    from trtbuild.triton.textbatch import TextBatcher
-    from trtbuild.triton.textgen import GenRequest
+    from trtbuild.serve.textbatch import TextBatcher
+    from trtbuild.serve.textgen import GenRequest
 
     _, mismatched = text_models
     low = [t for t in ("abc", "ABC", "x.y()", "abcabc") if max(mismatched.encode(t)) < 200]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
 
-from trtbuild.loadgen.aiperf import find_aiperf, levels
-from trtbuild.loadgen.report import rows
-from trtbuild.triton.commands import bench_local, bench_server_url
+from trtbuild.serve.commands import bench_local, bench_server_url
+from trtbuild.serve.loadgen.aiperf import find_aiperf, levels
+from trtbuild.serve.loadgen.report import rows
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_aiperf_levels_against_the_openai_front(deploy: Path, tmp_path: Path) -> None:
-    from trtbuild.triton import commands
+    from trtbuild.serve import commands
 
     report = bench_local(deploy, concurrency=(1, 2), max_tokens=8, out_dir=tmp_path, echo=lambda _: None)
     asked = {level.concurrency: level.requests for level in levels((1, 2))}
@@ -52,7 +52,7 @@ def test_aiperf_levels_against_the_openai_front(deploy: Path, tmp_path: Path) ->
 
 
 def test_server_argument_is_checked(deploy: Path, tmp_path: Path) -> None:
-    from trtbuild.errors import UserError
+    from trtbuild.core.errors import UserError
 
     with pytest.raises(UserError, match="speaks Triton's generate_stream"):
         bench_server_url(deploy, "http://127.0.0.1:9/v1", loadgen="builtin")

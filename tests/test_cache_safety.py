@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild import cli
-from trtbuild.cache import LAST_USED, MARKER, ArtifactCache
 from trtbuild.cli import main
+from trtbuild.cli import root as cli
+from trtbuild.core.cache import LAST_USED, MARKER, ArtifactCache
 
 
 def _tree(root: Path) -> dict[str, bytes | str]:
@@ -134,7 +134,7 @@ def test_a_last_used_symlink_is_replaced_not_written_through(tmp_path, monkeypat
 _HOLD = """
 import sys, time
 from pathlib import Path
-from trtbuild.cache import ArtifactCache
+from trtbuild.core.cache import ArtifactCache
 fd = ArtifactCache(Path(sys.argv[1])).lease(Path(sys.argv[2]))
 print("leased" if fd is not None else "no lease", flush=True)
 time.sleep(60)
@@ -148,7 +148,7 @@ def test_gc_and_clean_keep_an_entry_a_server_leases(tmp_path, monkeypatch, capsy
     main(["build", str(recipe), "--json"])
     capsys.readouterr()
     (entry,) = ArtifactCache(root).entries()
-    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])}
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(root), str(entry.path)], env=env,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -176,7 +176,7 @@ def test_what_serve_builds_is_leased_for_the_process_lifetime(tmp_path, monkeypa
     capsys.readouterr()
     try:
         assert len(cli._LEASES) == before + 1
-        env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+        env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])}
         gc = subprocess.run([sys.executable, "-m", "trtbuild.cli", "cache", "gc", "--older-than", "0"], env=env,
                             capture_output=True, text=True, check=True)
         assert "a running server uses it" in gc.stdout and artifacts["model"].is_dir(), gc.stdout

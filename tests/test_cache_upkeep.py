@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.cache import LAST_USED, ArtifactCache, resume_in_use
 from trtbuild.cli import main
+from trtbuild.core.cache import LAST_USED, ArtifactCache, resume_in_use
 
 
 @pytest.fixture()
@@ -100,7 +100,7 @@ def test_same_size_corruption_is_caught_by_the_hash(store):
 
 
 def test_unchanged_files_are_not_hashed_again(store, monkeypatch):
-    from trtbuild import cache as cache_module
+    from trtbuild.core import cache as cache_module
 
     entry = _entry(store, "quantize", "k1", {"w": b"a" * 100})
     store.damage(entry, record=True)
@@ -168,7 +168,7 @@ def test_resume_dirs_are_listed_and_collected(store, capsys):
 
 
 def test_a_fresh_entry_is_not_hashed_again_on_first_use(store, monkeypatch):
-    from trtbuild import cache as cache_module
+    from trtbuild.core import cache as cache_module
 
     entry = _entry(store, "quantize", "k1", {"w": b"a" * 100})  # commit hashed it already
     calls = []

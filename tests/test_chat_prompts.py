@@ -1,5 +1,5 @@
 """Chat prompts end to end: `bench` and the draft evaluation render chat records with the one
-function the served OpenAI endpoint uses (trtbuild.data.chat), relative bench paths start at the
+function the served OpenAI endpoint uses (trtbuild.core.data.chat), relative bench paths start at the
 recipe, and `bench --json` reports errors as JSON."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from real_checkpoint import smollm2  # noqa: F401  (the session fixture)
 
-from trtbuild.data.chat import record_prompt_ids, request_messages
-from trtbuild.errors import UserError
-from trtbuild.openai_api.text import PromptText
+from trtbuild.core.data.chat import record_prompt_ids, request_messages
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.bench import _prompt_records, load_prompts
+from trtbuild.serve.openai_api.text import PromptText
 
 REPO = Path(__file__).resolve().parent.parent
 CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
@@ -106,10 +106,10 @@ def test_draft_evaluation_of_a_chat_target_defaults_to_requests_it_writes(smollm
     not on the requests its training drew under draft.seed."""
     from transformers import AutoTokenizer
 
-    from trtbuild.eagle3.config import DraftConfig, DraftEval
-    from trtbuild.eagle3.draft_data import generation_model
-    from trtbuild.eagle3.evaluate import EVAL_REQUEST_SEED, eval_prompts
-    from trtbuild.eagle3.requests import synthesize
+    from trtbuild.draft.config import DraftConfig, DraftEval
+    from trtbuild.draft.draft_data import generation_model
+    from trtbuild.draft.evaluate import EVAL_REQUEST_SEED, eval_prompts
+    from trtbuild.draft.requests import synthesize
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     prompts, origin = eval_prompts(smollm2, DraftEval(prompts=4), None)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import trtbuild
-from trtbuild.code_version import closure, code_version
+from trtbuild.core.code_version import closure, code_version
 
 PACKAGE_DIR = Path(trtbuild.__file__).resolve().parent
 REPO = PACKAGE_DIR.parent
@@ -30,7 +30,7 @@ def _copy_package(tmp_path: Path) -> Path:
 
 
 def _versions(root: Path) -> dict[str, str]:
-    return {s: code_version(f"trtbuild.stages.{s}", root=root) for s in STAGES}
+    return {s: code_version(f"trtbuild.{s}.stage", root=root) for s in STAGES}
 
 
 def _edit(root: Path, module_path: str) -> None:
@@ -41,13 +41,13 @@ def _edit(root: Path, module_path: str) -> None:
 
 # Each edit and the stages whose own code it is (later stages change only through their inputs' keys).
 EDITS = [
-    ("trtbuild/eagle3/modelopt_compat.py", {"draft"}),  # shapes the exported draft
+    ("trtbuild/draft/modelopt_compat.py", {"draft"}),  # shapes the exported draft
     ("trtbuild/runtime/target.py", {"quantize", "draft"}),  # checks the FP8 export; measures tau
-    ("trtbuild/shell.py", {"draft", "engine", "deploy"}),  # writes every launch script (draft: its sbatch)
-    ("trtbuild/triton/local_model.py", {"deploy"}),  # copied into the local repository as model.py
-    ("trtbuild/triton/front.py", set()),  # serving, not building: no artifact depends on it
-    ("trtbuild/openai_api/app.py", set()),
-    ("trtbuild/cli.py", set()),
+    ("trtbuild/core/shell.py", {"draft", "engine", "deploy"}),  # writes every launch script (draft: its sbatch)
+    ("trtbuild/deploy/local_model.py", {"deploy"}),  # copied into the local repository as model.py
+    ("trtbuild/serve/front.py", set()),  # serving, not building: no artifact depends on it
+    ("trtbuild/serve/openai_api/app.py", set()),
+    ("trtbuild/cli/root.py", set()),
 ]
 
 
@@ -76,9 +76,9 @@ def test_plan_keys_follow_the_code(tmp_path):
         return {s["name"]: s["key"] for s in stages}
 
     first = keys()
-    _edit(root, "trtbuild/triton/front.py")
+    _edit(root, "trtbuild/serve/front.py")
     assert keys() == first
-    _edit(root, "trtbuild/shell.py")
+    _edit(root, "trtbuild/core/shell.py")
     after = keys()
     assert [s for s in STAGES if after[s] != first[s]] == ["draft", "engine", "deploy"]  # the draft's sbatch
 
@@ -148,7 +148,7 @@ def test_every_import_form_is_followed(tmp_path):
 # modules first imported while it ran.
 _DRIVER = """
 import json, sys
-from trtbuild.stages import all_stages
+from trtbuild.app.stages import all_stages
 loaded = {}
 for stage in all_stages():
     cls = type(stage)
@@ -196,7 +196,7 @@ def test_every_module_a_stage_imports_while_it_runs_is_in_its_code_version(tmp_p
     line = next(x for x in done.stdout.splitlines() if x.startswith("LOADED "))
     loaded = json.loads(line.removeprefix("LOADED "))
     assert sorted(loaded) == sorted(STAGES)
-    assert "trtbuild.eagle3.evaluate" in loaded["draft"] and "trtbuild.triton.deploy" in loaded["deploy"]
+    assert "trtbuild.draft.evaluate" in loaded["draft"] and "trtbuild.deploy.deploy" in loaded["deploy"]
     for stage, modules in loaded.items():
-        missing = sorted(set(modules) - set(closure(f"trtbuild.stages.{stage}")))
+        missing = sorted(set(modules) - set(closure(f"trtbuild.app.stages.{stage}")))
         assert not missing, f"{stage} imported {missing} while it ran, and its code version leaves them out"

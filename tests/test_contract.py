@@ -1,4 +1,4 @@
-"""The GPU path against each supported TensorRT-LLM release's contract (trtbuild/contract/).
+"""The GPU path against each supported TensorRT-LLM release's contract (trtbuild/core/contract/).
 
 The two GPU recipes are rendered on their stand-ins (options YAML, trtllm-serve argv, Triton
 LLM-API model.yaml and config.pbtxt inputs, requests) for every contract and must be accepted;
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.contract import DEFAULT_VERSION, available_versions, load_contract
-from trtbuild.contract import validate as cv
-from trtbuild.contract.hf_config import legacy_rope_keys
-from trtbuild.errors import UserError
-from trtbuild.recipe import load_recipe
+from trtbuild.app.recipe import load_recipe
+from trtbuild.core.contract import DEFAULT_VERSION, available_versions, load_contract
+from trtbuild.core.contract import validate as cv
+from trtbuild.core.contract.hf_config import legacy_rope_keys
+from trtbuild.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RECIPES = ["recipes/llama-3.1-8b-instruct-fp8-eagle3.yaml", "recipes/llama-4-maverick-fp8-eagle3-tp8.yaml"]
@@ -38,8 +38,8 @@ pytestmark = pytest.mark.trtllm11
 
 
 def test_the_default_is_the_newest_triton_images_release_and_1_1_is_kept() -> None:
-    from trtbuild.triton.config import TrtllmTargetOptions
-    from trtbuild.trtllm.config import EngineConfig
+    from trtbuild.deploy.config import TrtllmTargetOptions
+    from trtbuild.engine.config import EngineConfig
 
     assert {"1.1.0", "1.2.1"} <= set(VERSIONS)
     assert DEFAULT_VERSION == "1.2.1" == EngineConfig().trtllm_version
@@ -70,13 +70,13 @@ def test_every_fact_names_an_upstream_path_at_a_commit(version: str) -> None:
 
 def _render(recipe_path: str, version: str):  # type: ignore[no-untyped-def]
     """Options, serve argv and Triton model.yaml of a GPU recipe on its stand-in, for `version`."""
-    from trtbuild.triton.bundle_info import BundleInfo
-    from trtbuild.triton.repo_trtllm import llmapi_model_yaml
-    from trtbuild.trtllm.bundle import build_options
-    from trtbuild.trtllm.checks import has_draft
-    from trtbuild.trtllm.conformance import serve_spec
-    from trtbuild.trtllm.facts import target_facts
-    from trtbuild.trtllm.launchers import serve_argv
+    from trtbuild.core.bundle_info import BundleInfo
+    from trtbuild.deploy.repo_trtllm import llmapi_model_yaml
+    from trtbuild.engine.bundle import build_options
+    from trtbuild.engine.checks import has_draft
+    from trtbuild.engine.conformance import serve_spec
+    from trtbuild.engine.facts import target_facts
+    from trtbuild.engine.launchers import serve_argv
 
     recipe = load_recipe(ROOT / recipe_path, for_release(version))
     contract = load_contract(version)
@@ -120,10 +120,10 @@ def test_gpu_recipes_are_accepted_by_every_release(recipe_path: str, version: st
 def _launchers_name_the_module(recipe, version: str) -> list:  # type: ignore[no-untyped-def]
     """The launch scripts and the Triton start script a GPU recipe's bundle / deployment would hold,
     checked for the GEMM-plugin module's PYTHONPATH (what bundle_violations reads from the files)."""
-    from trtbuild.triton.bundle_info import BundleInfo
-    from trtbuild.triton.launch import start_in_container_script
-    from trtbuild.trtllm import launchers
-    from trtbuild.trtllm.conformance import serve_spec
+    from trtbuild.core.bundle_info import BundleInfo
+    from trtbuild.deploy.launch import start_in_container_script
+    from trtbuild.engine import launchers
+    from trtbuild.engine.conformance import serve_spec
 
     contract = load_contract(version)
     spec = serve_spec(recipe.engine, recipe, contract, served="target")
@@ -180,7 +180,7 @@ def test_the_module_needs_pythonpath_on_every_release(version: str) -> None:
 
 
 def test_each_release_records_the_fp8_linear_the_module_patches() -> None:
-    from trtbuild.contract import module_conventions
+    from trtbuild.core.contract import module_conventions
 
     conventions = module_conventions()
     assert sorted(conventions) == sorted(VERSIONS)
@@ -246,7 +246,7 @@ def test_launcher_flags_and_backends_the_release_lacks() -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_requests_use_the_llmapi_models_field_names(version: str) -> None:
-    from trtbuild.triton.client import request_body
+    from trtbuild.serve.client import request_body
 
     contract = load_contract(version)
     ours = request_body("hi", 16, stream=True, temperature=0.0)
@@ -342,7 +342,7 @@ def test_shipped_recipes_validate_on_both_releases() -> None:
     for recipe_path in GPU_RECIPES + ["recipes/tiny-cpu.yaml"]:
         for version in VERSIONS:
             recipe = load_recipe(ROOT / recipe_path, for_release(version))
-            from trtbuild.preflight import problems
+            from trtbuild.app.preflight import problems
 
             assert problems(recipe) == [], (recipe_path, version)
 
@@ -356,7 +356,7 @@ def test_multi_instance_llmapi_needs_a_release_whose_model_reads_gpu_device_ids(
 
 def test_the_deploy_image_must_ship_the_bundles_release() -> None:
     """A Triton image known to ship one release, with a bundle written for another: one line at validate."""
-    from trtbuild.trtllm.recipe_conformance import image_violations
+    from trtbuild.app.recipe_conformance import image_violations
 
     old, new = load_contract("1.1.0"), load_contract("1.2.1")
     assert image_violations("nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3", new) == []
@@ -384,7 +384,7 @@ def test_the_deploy_image_must_ship_the_bundles_release() -> None:
 def test_llama4_targets_against_the_releases_llama4_model(version: str) -> None:
     """Maverick's published config loads as Llama4ForConditionalGeneration; a text-only
     Llama4ForCausalLM (what model.tiny.llama4 trains) has no model class in these releases."""
-    from trtbuild.tiny import TinyModelConfig
+    from trtbuild.model.tiny import TinyModelConfig
 
     contract = load_contract(version)
     maverick = json.loads((ROOT / "recipes/standins/llama-4-maverick-17b-128e/config.json").read_text())
@@ -399,7 +399,7 @@ def test_llama4_targets_against_the_releases_llama4_model(version: str) -> None:
     assert section["unquantized_modules"] == ["router"] and "experts" in section["quantized_modules"]
     assert set(section["reads"]) >= {"no_rope_layers", "interleave_moe_layer_step", "intermediate_size_mlp"}
     assert cv.check_llama4_target(TinyModelConfig().hf_config(), contract) == []  # a Llama: not this check
-    # what the engine stage writes a text-only target as (trtbuild/trtllm/llama4_wrap.py)
+    # what the engine stage writes a text-only target as (trtbuild/engine/llama4_wrap.py)
     assert section["weight_prefix"] == "language_model." and section["exclude_modules_match"] == "unprefixed"
     assert section["vision_weights_required"] is False and section["text_only_checked_on_gpu"] is False
     assert all("@" in contract.fact(s) for s in ("llama4_weight_mapper", "llama4_exclude_match", "llama4_model_older"))

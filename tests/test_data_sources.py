@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.data import pydoc_corpus
-from trtbuild.data.sources import (
+from trtbuild.core.data import pydoc_corpus
+from trtbuild.core.data.sources import (
     TextSource,
     fingerprint,
     joiner,
@@ -20,7 +20,7 @@ from trtbuild.data.sources import (
     token_stream,
     token_windows,
 )
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:

@@ -18,9 +18,9 @@ from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sourc
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from trtbuild.errors import BuildError, UserError
-from trtbuild.triton.pbtxt import Enum, check_repository, write_config
-from trtbuild.trtllm.llm_args import parse_options, read_options
+from trtbuild.core.errors import BuildError, UserError
+from trtbuild.core.llm_args import parse_options, read_options
+from trtbuild.core.pbtxt import Enum, check_repository, write_config
 
 MOUNT = "/bundle"
 
@@ -109,7 +109,7 @@ def test_local_repository_names_bundle_dirs(tmp_path: Path, sources: dict[str, P
     values = params(config)
     assert config.max_batch_size == 2 and config.backend == "python"
     assert (model_dir / "1" / "model.py").read_text() == \
-        (Path(__file__).parents[1] / "trtbuild/triton/local_model.py").read_text()
+        (Path(__file__).parents[1] / "trtbuild/deploy/local_model.py").read_text()
     # Relative to the model dir, through the deploy artifact's link to the engine bundle.
     assert (model_dir / values["target_dir"]).resolve() == (engine / "bundle" / "target").resolve()
     assert (model_dir / values["draft_dir"]).resolve() == (engine / "bundle" / "draft").resolve()
@@ -171,7 +171,7 @@ def test_no_draft_pytorch_has_no_speculation(tmp_path: Path, sources: dict[str, 
 
 
 def test_batch_size_above_engine_is_refused(tmp_path: Path, sources: dict[str, Path]) -> None:
-    from trtbuild.stages.deploy import DeployStage
+    from trtbuild.deploy.stage import DeployStage
 
     recipe = make_recipe(tmp_path, deploy={"max_batch_size": 16})
     assert DeployStage().preflight(recipe.deploy, recipe) == [

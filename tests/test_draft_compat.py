@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from draft_fixtures import write_target, write_target_config, write_tokenizer
 
-from trtbuild.eagle3.compat import check_compatible, rope_settings, tokenizer_fingerprint
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
+from trtbuild.draft.compat import check_compatible, rope_settings, tokenizer_fingerprint
 
 DRAFT_VOCAB = 200
 
@@ -21,9 +21,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target dir, draft dir): a random target and an untrained draft exported by ModelOpt for it."""
     import torch
 
-    from trtbuild.eagle3.export import export_draft
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
-    from trtbuild.eagle3.vocab import d2t_table
+    from trtbuild.draft.export import export_draft
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.draft.vocab import d2t_table
 
     root = tmp_path_factory.mktemp("compat")
     target_dir = write_target(root / "target")

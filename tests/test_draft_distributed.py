@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from trtbuild.progress import Progress
-from trtbuild.stages.base import Artifact, StageContext
-from trtbuild.stages.draft import DraftConfig, DraftStage, resume_dir
+from trtbuild.core.progress import Progress
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext
+from trtbuild.draft.stage import DraftConfig, DraftStage, resume_dir
 
 # A briefly trained tiny target (predictable enough for a short draft training to reach tau > 1).
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -38,20 +39,14 @@ NOISE_SEEDS = (0, 1)
 MARGIN = 4.0  # the two-process gap may be this many times the measured summation-order gap
 
 
-class _Recipe:
-    def __init__(self, base_dir: Path) -> None:
-        self.base_dir = base_dir
 
-    def resolve_path(self, value: str) -> Path:
-        return (self.base_dir / value).resolve()
-
-    def stage_config(self, name: str) -> Any:
-        return None
+def _Recipe(base_dir: Path) -> RecipeInfo:
+    return RecipeInfo.standalone(base_dir)
 
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
-    from trtbuild.tiny import TinyModelConfig, build_tiny_model
+    from trtbuild.model.tiny import TinyModelConfig, build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     build_tiny_model(TinyModelConfig(**TINY), root / "hf", Progress())
@@ -99,8 +94,8 @@ def test_two_processes_train_like_one(tiny_target: Artifact, tmp_path: Path) -> 
 def test_a_failing_rank_is_one_clear_line(tiny_target: Artifact, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A rank that dies (here: the job names a target that is not there) fails the stage with one line
     naming the rank and the error, and leaves nothing in the artifact directory."""
-    from trtbuild.eagle3 import distributed
-    from trtbuild.errors import BuildError
+    from trtbuild.core.errors import BuildError
+    from trtbuild.draft import distributed
 
     real = distributed.write_job
 
@@ -123,7 +118,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_draft_distributed import run_stage
-from trtbuild.stages.base import Artifact
+from trtbuild.core.stage import Artifact
 run_stage(Artifact("model", "tiny-key", Path({target!r})), Path({out!r}), 0, processes=2)
 """
 
@@ -248,7 +243,7 @@ def test_several_nodes_under_slurm(tiny_target: Artifact, tmp_path: Path, monkey
     script and stops with one line naming it; the script (srun + torchrun, c10d rendezvous) trains and
     the same build then exports that draft. Inside an allocation (a fresh cache) the stage runs srun +
     torchrun itself. Both launches train the same ranks on the same shards: equal loss curves."""
-    from trtbuild.errors import BuildError, UserError
+    from trtbuild.core.errors import BuildError, UserError
 
     for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST"):
         monkeypatch.delenv(name, raising=False)

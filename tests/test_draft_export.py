@@ -10,8 +10,8 @@ import pytest
 import torch
 from draft_fixtures import base_token, random_eagle3, runtime_chain, write_target
 
-from trtbuild.eagle3.format import default_aux_layers
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
+from trtbuild.draft.format import default_aux_layers
 
 # The EAGLE-3 draft checkpoint as shared/REFERENCE.md describes it (TRT-LLM's loader).
 REFERENCE_CONFIG_KEYS = {"architectures", "draft_vocab_size", "eagle_config", "hidden_size",
@@ -29,7 +29,7 @@ DRAFT_VOCAB = 256
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A random target, converted by ModelOpt, draft weights randomised (norms far from 1), exported."""
-    from trtbuild.eagle3.export import export_draft
+    from trtbuild.draft.export import export_draft
 
     root = tmp_path_factory.mktemp("export")
     target_dir = write_target(root / "target", num_hidden_layers=6)
@@ -55,8 +55,8 @@ def test_names_and_keys_follow_the_reference(converted) -> None:  # type: ignore
         head = handle.get_tensor("lm_head.weight")
     assert names == REFERENCE_TENSORS
     # ... which is what TensorRT-LLM 1.1.0 (the Triton image's release) and the newest source load.
-    from trtbuild.contract import available_versions, load_contract
-    from trtbuild.contract.validate import check_draft_dir
+    from trtbuild.core.contract import available_versions, load_contract
+    from trtbuild.core.contract.validate import check_draft_dir
 
     for version in available_versions():
         assert check_draft_dir(draft_dir, load_contract(version)) == [], version
@@ -70,7 +70,7 @@ def test_config_is_modelopt_template(converted) -> None:  # type: ignore[no-unty
     trtbuild keeps a copy of for ModelOpt 0.37 (no speculative export there): the copy stays equal."""
     from modelopt.torch.export.plugins.hf_spec_configs import llama_eagle_template_config
 
-    from trtbuild.eagle3.modelopt_compat import DRAFT_CONFIG_TEMPLATE
+    from trtbuild.draft.modelopt_compat import DRAFT_CONFIG_TEMPLATE
 
     assert llama_eagle_template_config == DRAFT_CONFIG_TEMPLATE
     config = json.loads((converted[2] / "config.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 import torch
 from draft_fixtures import write_target
 
-from trtbuild.eagle3.data import answer_loss_mask
+from trtbuild.draft.data import answer_loss_mask
 
 EOS = 2
 
@@ -35,7 +35,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_modelopt_loss_ignores_what_the_mask_leaves_out(target: Path) -> None:
     """ModelOpt's EAGLE-3 forward with our mask: tokens past the EOS do not change the loss, tokens of
     the answer do; without the mask the tokens past the EOS count too."""
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
 
     torch.manual_seed(0)
     model = convert_to_eagle3(load_target(target), DraftArch(aux_layers=[0, 2], draft_vocab_size=384), None)

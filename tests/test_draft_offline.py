@@ -17,8 +17,8 @@ import pytest
 import torch
 from draft_fixtures import write_target
 
-from trtbuild.eagle3 import shards
-from trtbuild.progress import Progress
+from trtbuild.core.progress import Progress
+from trtbuild.draft import shards
 
 AUX = [0, 2]
 
@@ -30,11 +30,11 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.trtllm11  # ModelOpt 0.37 too (it keeps one decoder layer: modelopt_compat.offline_base_layers)
 def test_head_only_target_holds_the_embeddings_norm_and_lm_head(target: Path) -> None:
-    from trtbuild.eagle3.hidden_store import load_head_only
-    from trtbuild.eagle3.model import load_target
+    from trtbuild.draft.hidden_store import load_head_only
+    from trtbuild.draft.model import load_target
 
     full, head = load_target(target), load_head_only(target)
-    from trtbuild.eagle3.modelopt_compat import offline_base_layers
+    from trtbuild.draft.modelopt_compat import offline_base_layers
 
     names = {name for name, _ in head.named_parameters()}
     kept = {name.split(".layers.")[1].split(".")[0] for name in names if ".layers." in name}
@@ -48,9 +48,9 @@ def test_head_only_target_holds_the_embeddings_norm_and_lm_head(target: Path) ->
 def test_offline_inputs_give_the_online_loss(target: Path) -> None:
     """One ModelOpt forward on the same batch and the same draft weights: online (the target runs)
     and offline (the captured tensors, head-only target) agree on the loss and the accuracies."""
-    from trtbuild.eagle3.hidden import capture
-    from trtbuild.eagle3.hidden_store import load_head_only
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.draft.hidden import capture
+    from trtbuild.draft.hidden_store import load_head_only
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
 
     batch = torch.randint(3, 384, (3, 24), generator=torch.Generator().manual_seed(0))
     arch = DraftArch(aux_layers=AUX, draft_vocab_size=384)
@@ -71,9 +71,9 @@ def test_offline_inputs_give_the_online_loss(target: Path) -> None:
 _CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    import trtbuild.eagle3.hidden as hidden
-    from trtbuild.eagle3.draft_data import ShardSet
-    from trtbuild.progress import Progress
+    import trtbuild.draft.hidden as hidden
+    from trtbuild.draft.draft_data import ShardSet
+    from trtbuild.core.progress import Progress
 
     write = hidden.write_dump_shard
     def slow_write(*args, **kwargs):  # slow the dump down so the parent can kill it in the middle
@@ -93,11 +93,11 @@ def _stamps(directory: Path) -> dict[str, tuple[int, int]]:
 def test_kill_during_the_dump_keeps_finished_shards(target: Path, isolated_cache: Path) -> None:
     from safetensors.torch import load_file
 
-    from trtbuild.eagle3.config import DraftConfig
-    from trtbuild.eagle3.draft_data import ensure_data
-    from trtbuild.eagle3.hidden import capture, ensure_hidden, hidden_key
-    from trtbuild.eagle3.model import load_target
-    from trtbuild.layout import DRAFT_HIDDEN
+    from trtbuild.core.layout import DRAFT_HIDDEN
+    from trtbuild.draft.config import DraftConfig
+    from trtbuild.draft.draft_data import ensure_data
+    from trtbuild.draft.hidden import capture, ensure_hidden, hidden_key
+    from trtbuild.draft.model import load_target
 
     config = DraftConfig(samples=24, seq_len=16, prompt_len=4, shard_samples=3)  # 8 shards
     data = ensure_data(config, target, "target-key", None, Progress())
@@ -208,11 +208,11 @@ class _StopAtChunk(Progress):
 
 
 def test_interrupted_data_step_keeps_its_shards_and_makes_the_same_pool(target: Path, isolated_cache: Path) -> None:
-    from trtbuild.eagle3.config import DraftConfig
-    from trtbuild.eagle3.data import greedy_fill, make_rows
-    from trtbuild.eagle3.draft_data import _pool_spec, data_key, ensure_data, load_pool
-    from trtbuild.eagle3.model import load_target
-    from trtbuild.layout import DRAFT_DATA
+    from trtbuild.core.layout import DRAFT_DATA
+    from trtbuild.draft.config import DraftConfig
+    from trtbuild.draft.data import greedy_fill, make_rows
+    from trtbuild.draft.draft_data import _pool_spec, data_key, ensure_data, load_pool
+    from trtbuild.draft.model import load_target
 
     config = DraftConfig(samples=20, seq_len=16, prompt_len=4, distill_fraction=0.5, shard_samples=4)  # 5 shards
     with pytest.raises(KeyboardInterrupt):  # shards 0-1 are text windows; 2, 3 written, 4 interrupted
@@ -241,7 +241,7 @@ def test_interrupted_data_step_keeps_its_shards_and_makes_the_same_pool(target: 
 
 
 def _fingerprint(config: object) -> object:
-    from trtbuild.data.sources import fingerprint
+    from trtbuild.core.data.sources import fingerprint
 
     return fingerprint(config.dataset, base_dir=None)  # type: ignore[attr-defined]
 
@@ -249,9 +249,9 @@ def _fingerprint(config: object) -> object:
 def test_the_shards_keys_do_not_follow_the_training_code() -> None:
     """The data and the dump are keyed by the code that makes them: editing the draft's training
     (model, loop, ModelOpt adaptation) or adding a recipe field keeps the shards."""
-    from trtbuild.code_version import closure
+    from trtbuild.core.code_version import closure
 
-    for module in ("trtbuild.eagle3.draft_data", "trtbuild.eagle3.hidden"):
+    for module in ("trtbuild.draft.draft_data", "trtbuild.draft.hidden"):
         reached = set(closure(module))
-        assert not reached & {"trtbuild.eagle3.model", "trtbuild.eagle3.train", "trtbuild.eagle3.config",
-                              "trtbuild.eagle3.modelopt_compat", "trtbuild.eagle3.hidden_store"}, (module, reached)
+        assert not reached & {"trtbuild.draft.model", "trtbuild.draft.train", "trtbuild.draft.config",
+                              "trtbuild.draft.modelopt_compat", "trtbuild.draft.hidden_store"}, (module, reached)

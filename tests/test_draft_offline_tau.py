@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.progress import Progress
-from trtbuild.stages.base import Artifact, StageContext
-from trtbuild.stages.draft import DraftConfig, DraftStage
+from trtbuild.core.progress import Progress
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext
+from trtbuild.draft.stage import DraftConfig, DraftStage
 
 pytestmark = pytest.mark.slow
 
@@ -22,19 +23,14 @@ DRAFT = {"samples": 64, "seq_len": 48, "prompt_len": 16, "distill_fraction": 1.0
 SEEDS = (0, 1, 2)
 
 
-class _Recipe:
-    base_dir = Path(".")
 
-    def resolve_path(self, value: str) -> Path:
-        return Path(value)
-
-    def stage_config(self, name: str) -> None:
-        return None
+def _Recipe() -> RecipeInfo:
+    return RecipeInfo.standalone()
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Artifact:
-    from trtbuild.tiny import TinyModelConfig, build_tiny_model
+    from trtbuild.model.tiny import TinyModelConfig, build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     build_tiny_model(TinyModelConfig(**TINY), root / "hf", Progress())

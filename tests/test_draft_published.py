@@ -18,11 +18,12 @@ import yaml
 from draft_fixtures import VOCAB, write_target
 from safetensors.torch import load_file, save_file
 
-from trtbuild.errors import UserError
-from trtbuild.pipeline import Artifact
-from trtbuild.progress import Progress
-from trtbuild.stages.base import StageContext
-from trtbuild.stages.draft import DraftConfig, DraftStage
+from trtbuild.app.pipeline import Artifact
+from trtbuild.core.errors import UserError
+from trtbuild.core.progress import Progress
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import StageContext
+from trtbuild.draft.stage import DraftConfig, DraftStage
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "llama-3.1-8b-instruct-fp8-eagle3.yaml"
 HIDDEN, HEADS, KV_HEADS, INTER, DRAFT_VOCAB = 64, 4, 2, 128, 200
@@ -84,15 +85,9 @@ def recipe_draft(path: Path) -> DraftConfig:
     return DraftConfig(**{**section, "source": "path", "path": str(path), "eval": {"prompts": 0}})
 
 
-class _Recipe:
-    def __init__(self, base_dir: Path) -> None:
-        self.base_dir = base_dir
 
-    def resolve_path(self, value: str) -> Path:
-        return Path(value)
-
-    def stage_config(self, name: str) -> None:  # no model section: the draft is judged on its own
-        return None
+def _Recipe(base_dir: Path) -> RecipeInfo:  # no model section: the draft is judged on its own
+    return RecipeInfo.standalone(base_dir)
 
 
 class _Log(Progress):

@@ -1,4 +1,4 @@
-"""Chat requests the target writes itself (trtbuild.eagle3.requests) and the draft data they feed."""
+"""Chat requests the target writes itself (trtbuild.draft.requests) and the draft data they feed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from draft_fixtures import write_target
 from pydantic import ValidationError
 
-from trtbuild.eagle3 import shards
-from trtbuild.progress import Progress
+from trtbuild.core.progress import Progress
+from trtbuild.draft import shards
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -29,15 +29,15 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _model_and_tokenizer(target: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from trtbuild.eagle3.data import load_target
+    from trtbuild.draft.data import load_target
 
     return load_target(target), AutoTokenizer.from_pretrained(str(target))
 
 
 @pytest.mark.parametrize("templated", [True, False])
 def test_the_prefix_is_the_served_request_up_to_its_content(target: Path, templated: bool) -> None:
-    from trtbuild.data.chat import chat_prompt_ids
-    from trtbuild.eagle3.requests import user_turn_prefix
+    from trtbuild.core.data.chat import chat_prompt_ids
+    from trtbuild.draft.requests import user_turn_prefix
 
     _, tokenizer = _model_and_tokenizer(target)
     if not templated:
@@ -49,7 +49,7 @@ def test_the_prefix_is_the_served_request_up_to_its_content(target: Path, templa
 
 
 def test_requests_are_distinct_and_seeded(target: Path) -> None:
-    from trtbuild.eagle3.requests import end_of_turn_ids, synthesize
+    from trtbuild.draft.requests import end_of_turn_ids, synthesize
 
     model, tokenizer = _model_and_tokenizer(target)
     stops = end_of_turn_ids(model, tokenizer)
@@ -62,7 +62,7 @@ def test_requests_are_distinct_and_seeded(target: Path) -> None:
 
 def test_a_model_that_always_ends_the_turn_at_once_gives_no_request(target: Path) -> None:
     """Empty requests are dropped, and synthesis stops after 4x the asked count of samples."""
-    from trtbuild.eagle3.requests import synthesize
+    from trtbuild.draft.requests import synthesize
 
     model, tokenizer = _model_and_tokenizer(target)
     def end_turn(module: object, inputs: object, logits: torch.Tensor) -> torch.Tensor:
@@ -76,11 +76,11 @@ def test_a_model_that_always_ends_the_turn_at_once_gives_no_request(target: Path
 
 def test_the_pool_answers_the_synthetic_requests_and_a_resumed_run_keeps_them(target: Path,
                                                                               isolated_cache: Path) -> None:
-    from trtbuild.data.chat import chat_prompt_ids
-    from trtbuild.data.sources import fingerprint
-    from trtbuild.eagle3.config import DraftConfig
-    from trtbuild.eagle3.draft_data import REQUESTS_FILE, data_key, ensure_data, load_pool
-    from trtbuild.layout import DRAFT_DATA
+    from trtbuild.core.data.chat import chat_prompt_ids
+    from trtbuild.core.data.sources import fingerprint
+    from trtbuild.core.layout import DRAFT_DATA
+    from trtbuild.draft.config import DraftConfig
+    from trtbuild.draft.draft_data import REQUESTS_FILE, data_key, ensure_data, load_pool
 
     _, tokenizer = _model_and_tokenizer(target)
     config = DraftConfig(samples=6, seq_len=48, distill_fraction=1.0, synthetic_requests=6,
@@ -103,7 +103,7 @@ def test_the_pool_answers_the_synthetic_requests_and_a_resumed_run_keeps_them(ta
 
 
 def test_synthetic_requests_need_a_distilled_share() -> None:
-    from trtbuild.eagle3.config import DraftConfig
+    from trtbuild.draft.config import DraftConfig
 
     with pytest.raises(ValidationError, match="distill_fraction"):
         DraftConfig(synthetic_requests=10, distill_fraction=0.0)
@@ -114,7 +114,7 @@ def test_requests_of_many_lengths_answered_in_one_batch_get_their_own_greedy_ans
     (transformers' own greedy `generate`, one prompt at a time). Exact tokens hold on another CPU's
     rounding: along these paths the smallest top-1 / top-2 logit gap is 2.5e-4 (median 0.03), some
     hundred times the float32 difference between a batched and a single forward of this model."""
-    from trtbuild.eagle3.data import greedy_fill
+    from trtbuild.draft.data import greedy_fill
 
     model, _ = _model_and_tokenizer(target)
     with torch.no_grad():  # sharp attention and large outputs: positions and padding decide the tokens

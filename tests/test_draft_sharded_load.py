@@ -14,8 +14,8 @@ import torch
 from draft_fixtures import write_target
 from safetensors.torch import load_file, save_file
 
-from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
-from trtbuild.eagle3.sharded_load import build_sharded_target
+from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
+from trtbuild.draft.sharded_load import build_sharded_target
 
 ARCH = DraftArch(aux_layers=[0, 2], draft_vocab_size=384)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.eagle3.sharding import AUTO_SHARE_OF_GPU, frozen_names, resolve, target_layers
+from trtbuild.draft.sharding import AUTO_SHARE_OF_GPU, frozen_names, resolve, target_layers
 
 GIB = 1 << 30
 
@@ -22,7 +22,7 @@ def test_auto_shards_only_a_target_too_big_for_one_gpu_with_ranks_to_share_it() 
 
 
 def test_fsdp_needs_several_processes_and_an_online_target() -> None:
-    from trtbuild.eagle3.config import DraftConfig
+    from trtbuild.draft.config import DraftConfig
 
     with pytest.raises(ValidationError, match="processes"):
         DraftConfig(train={"target_sharding": "fsdp"})
@@ -34,7 +34,7 @@ def test_fsdp_needs_several_processes_and_an_online_target() -> None:
 def test_the_target_layers_are_sharded_and_only_the_draft_is_left_to_ddp(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from draft_fixtures import write_target
 
-    from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, load_target
+    from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
 
     arch = DraftArch(aux_layers=[0, 2], draft_vocab_size=384)
     model = convert_to_eagle3(load_target(write_target(tmp_path / "hf")), arch, None)
@@ -48,8 +48,8 @@ def test_the_target_layers_are_sharded_and_only_the_draft_is_left_to_ddp(tmp_pat
 
 
 def test_plan_says_how_a_target_too_big_for_one_gpu_is_held() -> None:
-    from trtbuild.eagle3.config import DraftConfig
-    from trtbuild.gpu_plan import _target_fit
+    from trtbuild.app.gpu_plan import _target_fit
+    from trtbuild.draft.config import DraftConfig
 
     maverick = 800e9  # BF16 bytes
     sharded = DraftConfig(batch_size=64, train={"processes": 8, "nodes": 4})

@@ -10,28 +10,21 @@ from typing import Any
 import pytest
 from draft_fixtures import write_target
 
-from trtbuild.data.sources import TextSource
-from trtbuild.errors import BuildError, UserError
-from trtbuild.progress import Progress
-from trtbuild.stages.base import Artifact, StageContext
-from trtbuild.stages.draft import DraftConfig, DraftStage, resume_dir
+from trtbuild.core.data.sources import TextSource
+from trtbuild.core.errors import BuildError, UserError
+from trtbuild.core.progress import Progress
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext
+from trtbuild.draft.stage import DraftConfig, DraftStage, resume_dir
 
 SMALL = dict(samples=16, steps=4, batch_size=4, seq_len=32, prompt_len=8, draft_vocab_size=200,
              max_draft_len=3, checkpoint_every=2, eval={"prompts": 2, "prompt_len": 12, "new_tokens": 12})
 
 
-class _Recipe:
-    """The two things a stage reads from the recipe: where relative paths start, and sections."""
 
-    def __init__(self, base_dir: Path) -> None:
-        self.base_dir = base_dir
-
-    def resolve_path(self, value: str) -> Path:
-        path = Path(value)
-        return path if path.is_absolute() else (self.base_dir / path).resolve()
-
-    def stage_config(self, name: str) -> Any:
-        return None
+def _Recipe(base_dir: Path) -> RecipeInfo:
+    """What a stage reads from the recipe: where relative paths start, and (none here) other sections."""
+    return RecipeInfo.standalone(base_dir)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +61,7 @@ def trained(model_artifact: Artifact, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_train_export_evaluate(trained, model_artifact: Artifact) -> None:  # type: ignore[no-untyped-def]
-    from trtbuild.eagle3.evaluate import heldout_prompts, measure_tau
+    from trtbuild.draft.evaluate import heldout_prompts, measure_tau
 
     config, result, draft_dir, cache = trained
     assert json.loads((draft_dir / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
@@ -107,7 +100,7 @@ def test_gate_fails_the_build(trained, model_artifact: Artifact, tmp_path: Path)
 
 
 def test_ngram_source_builds_nothing_and_measures_prompt_lookup(model_artifact: Artifact, tmp_path: Path) -> None:
-    from trtbuild.eagle3.evaluate import heldout_prompts, measure_tau
+    from trtbuild.draft.evaluate import heldout_prompts, measure_tau
 
     config = DraftConfig(source="ngram", max_draft_len=4, max_matching_ngram_size=3, eval=SMALL["eval"])
     result = _run(config, model_artifact, tmp_path / "ngram")
@@ -123,7 +116,7 @@ def test_ngram_source_builds_nothing_and_measures_prompt_lookup(model_artifact: 
 
 def test_gate_needs_an_evaluation() -> None:
     config = DraftConfig(**{**SMALL, "eval": {"prompts": 0}, "gate": {"min_acceptance_length": 2.0}})
-    from trtbuild.stages.draft import _gate
+    from trtbuild.draft.stage import _gate
 
     with pytest.raises(UserError, match="evaluation is off"):
         _gate(config, {"acceptance_length": None})
@@ -194,7 +187,7 @@ def test_planted_pickles_in_the_resume_dir_are_inert(model_artifact: Artifact, t
 
 def test_no_unpickling_in_the_sources() -> None:
     """torch.load, pickle and friends unpickle; trtbuild reads tensors with safetensors only, except the
-    published-draft converter's one weights-only torch.load (trtbuild/eagle3/pickled.py)."""
+    published-draft converter's one weights-only torch.load (trtbuild/draft/pickled.py)."""
     import re
 
     root = Path(__file__).resolve().parent.parent
@@ -202,9 +195,9 @@ def test_no_unpickling_in_the_sources() -> None:
     offenders = [f"{path.relative_to(root)}:{n}" for folder in ("trtbuild", "plugins", "scripts", "bench")
                  for path in (root / folder).rglob("*.py")
                  for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
-    allowed = [o for o in offenders if o.startswith("trtbuild/eagle3/pickled.py:")]
+    allowed = [o for o in offenders if o.startswith("trtbuild/draft/pickled.py:")]
     assert offenders == allowed  # there: `import pickle` (for its error type) and the one weights-only load
-    text = (root / "trtbuild" / "eagle3" / "pickled.py").read_text()
+    text = (root / "trtbuild" / "draft" / "pickled.py").read_text()
     assert text.count("torch.load(") == 1 and "weights_only=True" in text.split("torch.load(")[1].split(")")[0]
     assert "pickle.load" not in text and "pickle.Unpickler" not in text
 

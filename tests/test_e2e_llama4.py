@@ -44,7 +44,7 @@ def built(tmp_path_factory) -> tuple[dict, dict[str, str], Path]:
 
 
 def test_the_bundle_carries_the_target_as_trtllms_llama4_class(built):
-    from trtbuild.safetensors_header import read_header
+    from trtbuild.core.safetensors_header import read_header
 
     report, _, out = built
     assert {s["name"]: s["status"] in ("ran", "cached") for s in report["stages"]} == {
@@ -76,7 +76,7 @@ def test_bench_is_lossless_and_the_server_answers_like_the_runtime(built):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["outputs_identical"] is True
 
-    from trtbuild.triton.commands import demo
+    from trtbuild.serve.commands import demo
 
     report = demo(out / "deploy", max_tokens=16, concurrency=(1,), echo=lambda _: None, out_dir=out / "served")
     assert report["outputs_identical"] is True  # server text == in-process text, prompt by prompt

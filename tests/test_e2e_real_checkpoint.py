@@ -61,8 +61,8 @@ def test_every_stage_builds(built):
 def test_served_chat_answers_like_the_model(built):
     from openai import OpenAI
 
-    from trtbuild.triton.commands import local_model_dir, openai_front
-    from trtbuild.triton.server import TritonServer
+    from trtbuild.serve.commands import local_model_dir, openai_front
+    from trtbuild.serve.server import TritonServer
 
     _, _, out, _ = built
     model_dir, info = local_model_dir(out / "deploy")

@@ -75,7 +75,7 @@ def test_runtime_greedy_equals_transformers_on_the_tiny_target(built):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtbuild.data import pydoc_corpus
+    from trtbuild.core.data import pydoc_corpus
     from trtbuild.runtime.generate import Generator
     from trtbuild.runtime.target import load_target
 
@@ -105,7 +105,7 @@ def test_bench_is_lossless_and_the_server_answers_like_the_runtime(built):
     assert bench["tau_ratio_eagle3_vs_ngram"] >= RATIO_FLOOR, bench["tau_ratio_eagle3_vs_ngram"]
     assert (out / "bench" / "bench.png").is_file()
 
-    from trtbuild.triton.commands import demo
+    from trtbuild.serve.commands import demo
 
     lines: list[str] = []
     report = demo(out / "deploy", max_tokens=16, concurrency=(1, 2), echo=lines.append, out_dir=out / "served")

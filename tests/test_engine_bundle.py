@@ -14,16 +14,17 @@ import pytest
 import yaml
 from draft_fixtures import write_target
 
-from trtbuild.contract import available_versions
-from trtbuild.contract.hf_config import legacy_rope_keys
-from trtbuild.errors import UserError
-from trtbuild.progress import Progress
-from trtbuild.recipe import load_recipe
-from trtbuild.stages.base import Artifact, StageContext
-from trtbuild.stages.engine import EngineStage
-from trtbuild.trtllm.bundle import build_options
-from trtbuild.trtllm.facts import facts_from_dir
-from trtbuild.trtllm.llm_args import read_options
+from trtbuild.app.recipe import load_recipe
+from trtbuild.core.contract import available_versions
+from trtbuild.core.contract.hf_config import legacy_rope_keys
+from trtbuild.core.errors import UserError
+from trtbuild.core.llm_args import read_options
+from trtbuild.core.progress import Progress
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext
+from trtbuild.engine.bundle import build_options
+from trtbuild.engine.facts import facts_from_dir
+from trtbuild.engine.stage import EngineStage
 
 HIDDEN, HEADS, KV_HEADS, LAYERS = 64, 4, 2, 4
 DRAFT_AUX = [0, 1, 2]  # not TRT-LLM's default {1, L/2-1, L-4} = {0, 1} for L = 4
@@ -43,7 +44,7 @@ def write_draft(directory: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from trtbuild.eagle3.format import LAYER_TENSORS
+    from trtbuild.draft.format import LAYER_TENSORS
 
     directory.mkdir(parents=True)
     head_dim = HIDDEN // HEADS
@@ -203,13 +204,13 @@ def test_require_tensorrt_llm_is_a_one_line_error(tmp_path: Path, artifacts: dic
 @pytest.fixture(scope="module")
 def quantized(artifacts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real quantize stage (ModelOpt FP8, unified HF export) on the test target."""
-    from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage
+    from trtbuild.quantize.stage import QuantizeConfig, QuantizeStage
 
     out = tmp_path_factory.mktemp("quantize")
     config = QuantizeConfig.model_validate({
         "calibration": {"num_samples": 8, "seq_len": 32, "batch_size": 8},
         "gate": {"seq_len": 32, "eval_samples": 4, "max_perplexity_ratio": 10.0}})
-    ctx = StageContext(recipe=None, inputs={"model": Artifact("model", "k-model", artifacts["model"])},
+    ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "k-model", artifacts["model"])},
                        out_dir=out)
     QuantizeStage().run(config, ctx)
     return out
@@ -227,8 +228,8 @@ def test_gemm_plugin_bundle_ships_the_module_the_release_loads(tmp_path: Path, a
     the Triton launcher; then the bundle's own module patches the stand-in of that release."""
     from deploy_fixtures import build_deploy
 
-    from trtbuild.contract import load_contract, module_conventions
-    from trtbuild.trtllm import conformance
+    from trtbuild.core.contract import load_contract, module_conventions
+    from trtbuild.engine import conformance
 
     engine = {"trtllm_version": version, "gemm_plugin": {"kernels": {"sm_90a": "spatial_partition"}}}
     recipe = _recipe(tmp_path, engine, draft=False, gpu_archs=["sm_90a"], deploy={"target": ["trtllm"]})
@@ -308,8 +309,8 @@ MAVERICK_ENGINE = {"tensor_parallel": 8, "expert_parallel": 1, "max_batch_size":
 
 def test_maverick_record_recipe(tmp_path: Path) -> None:
     """The Llama 4 Maverick + EAGLE-3 record setup (TRT-LLM blog 6) passes preflight and gives its options."""
-    from trtbuild.preflight import problems
-    from trtbuild.trtllm.facts import facts_from_config
+    from trtbuild.app.preflight import problems
+    from trtbuild.engine.facts import facts_from_config
 
     model_dir = tmp_path / "maverick"
     model_dir.mkdir()
@@ -342,8 +343,8 @@ def test_maverick_record_recipe(tmp_path: Path) -> None:
 
 def test_pipeline_builds_then_reuses_the_bundle(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     """Through the real pipeline and cache: built once, cached the second time, linked into output_dir."""
-    from trtbuild import pipeline
-    from trtbuild.cache import ArtifactCache
+    from trtbuild.app import pipeline
+    from trtbuild.core.cache import ArtifactCache
 
     shutil.copytree(artifacts["model"] / "hf", tmp_path / "m")
     data = {"name": "pipe", "output_dir": "out", "model": {"source": "path", "path": "m"},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.trtllm import launchers
+from trtbuild.engine import launchers
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash not installed")

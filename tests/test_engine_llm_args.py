@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtbuild.errors import UserError
-from trtbuild.trtllm.llm_args import (
+from trtbuild.core.errors import UserError
+from trtbuild.core.llm_args import (
     CudaGraphConfig,
     Eagle3DecodingConfig,
     KvCacheConfig,

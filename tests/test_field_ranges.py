@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtbuild.openai_api.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse
-from trtbuild.triton.field_ranges import INT_RANGES, field_problem
+from trtbuild.serve.field_ranges import INT_RANGES, field_problem
+from trtbuild.serve.openai_api.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse
 
 
 def _id(value) -> str:
@@ -85,7 +85,7 @@ def test_a_5000_digit_json_integer_is_a_400_from_the_openai_front():
 
     from aiohttp.test_utils import make_mocked_request
 
-    from trtbuild.openai_api.app import _body
+    from trtbuild.serve.openai_api.app import _body
 
     body = b'{"model": "m", "prompt": "p", "max_tokens": ' + b"9" * 5000 + b"}"
 

@@ -16,12 +16,12 @@ import pytest
 from deploy_fixtures import build_deploy
 from safetensors.numpy import save_file
 
-from trtbuild.contract import load_contract
-from trtbuild.contract import validate as cv
-from trtbuild.progress import Progress
-from trtbuild.recipe import load_recipe
-from trtbuild.stages.base import Artifact, StageContext
-from trtbuild.stages.engine import EngineStage
+from trtbuild.app.recipe import load_recipe
+from trtbuild.core.contract import load_contract
+from trtbuild.core.contract import validate as cv
+from trtbuild.core.progress import Progress
+from trtbuild.core.stage import Artifact, StageContext
+from trtbuild.engine.stage import EngineStage
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {"llama-3.1-8b-instruct-fp8-eagle3": "llama-3.1-8b-instruct",

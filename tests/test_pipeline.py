@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from quantize_fixtures import make_model_dir
 
-from trtbuild.cache import ArtifactCache
 from trtbuild.cli import main
+from trtbuild.core.cache import ArtifactCache
 
 REPO = Path(__file__).resolve().parent.parent
 

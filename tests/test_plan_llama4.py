@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trtbuild.app.target_structure import llama4_structure
 from trtbuild.cli import main
-from trtbuild.target_structure import llama4_structure
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from deploy_fixtures import build_deploy, build_engine, make_recipe, write_sources
 
-from trtbuild.recipe import load_recipe
+from trtbuild.app.recipe import load_recipe
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash not installed")
@@ -81,8 +81,8 @@ def test_planted_shell_payload_is_data(tmp_path: Path, sources: dict[str, Path])
 
 def test_planted_secret_is_a_reference_everywhere(tmp_path: Path, sources: dict[str, Path],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtbuild import pipeline
-    from trtbuild.cache import ArtifactCache
+    from trtbuild.app import pipeline
+    from trtbuild.core.cache import ArtifactCache
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     recipe_file = tmp_path / "r.yaml"

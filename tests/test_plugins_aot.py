@@ -12,8 +12,8 @@ import pytest
 
 from plugins.common import aot
 from plugins.common.arch import ARCHS
-from trtbuild import plugins
-from trtbuild.errors import BuildError, UserError
+from trtbuild.core import plugins
+from trtbuild.core.errors import BuildError, UserError
 
 # What the SASS must show per arch (found by compiling: wgmma E4M3 on Hopper, tcgen05 on Blackwell).
 EXPECTED_MMA = {"sm_90a": r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", "sm_100a": r"UTCQMMA",

@@ -9,9 +9,10 @@ from safetensors.torch import load_file
 
 from plugins.common.layout import FP8
 from plugins.common.reference import quantize_fp8
-from trtbuild import plugins
-from trtbuild.stages.base import Artifact, StageContext
-from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage
+from trtbuild.core import plugins
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext
+from trtbuild.quantize.stage import QuantizeConfig, QuantizeStage
 
 SMALL = {"calibration": {"num_samples": 16, "seq_len": 64, "batch_size": 8},
          "gate": {"seq_len": 64, "eval_samples": 8}}
@@ -24,7 +25,7 @@ def fp8_state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     root = make_model_dir(tmp_path_factory.mktemp("model"), train_steps=10)
     out = tmp_path_factory.mktemp("quant") / "out"
     out.mkdir()
-    ctx = StageContext(recipe=None, inputs={"model": Artifact("model", "test", root)}, out_dir=out)
+    ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "test", root)}, out_dir=out)
     QuantizeStage().run(QuantizeConfig.model_validate(SMALL), ctx)
     state: dict[str, torch.Tensor] = {}
     for file in sorted((out / "hf").glob("*.safetensors")):

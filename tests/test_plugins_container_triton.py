@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.contract import available_versions, load_contract
+from trtbuild.core.contract import available_versions, load_contract
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import torch
 
 from plugins.common.layout import FP8, shuffle
 from plugins.common.reference import fp8_gemm_reference, quantize_fp8
-from trtbuild import plugins
+from trtbuild.core import plugins
 
 PLUGINS = plugins.available()
 

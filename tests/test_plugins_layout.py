@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plugins.common.layout import FP8, LAYOUT_ID, cdiv, shuffle, unshuffle
-from trtbuild import plugins
-from trtbuild.errors import UserError
+from trtbuild.core import plugins
+from trtbuild.core.errors import UserError
 
 
 def random_fp8(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from plugins.common.arch import ARCHS, arch_of_capability, canonical_arch
-from trtbuild import plugins
-from trtbuild.errors import UserError
+from trtbuild.core import plugins
+from trtbuild.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ def test_unknown_plugin_is_a_user_error() -> None:
 
 def test_registry_does_not_import_torch_or_triton() -> None:
     # `trtbuild validate` describes and checks plugins: that must stay cheap.
-    code = ("import sys; from trtbuild import plugins\n"
+    code = ("import sys; from trtbuild.core import plugins\n"
             "for n in plugins.available():\n"
             "    p = plugins.get(n); p.describe(); p.compatibility_problems(arch='H200', quant_algo='FP8')\n"
             "    p.tile_for('sm_100a')\n"

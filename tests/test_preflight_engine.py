@@ -1,6 +1,6 @@
 """Cross-stage preflight of the engine section: each mismatch is caught, in one line, before any work.
 
-Recipes are real YAML files loaded with `trtbuild.recipe.load_recipe`; the target is a local model
+Recipes are real YAML files loaded with `trtbuild.app.recipe.load_recipe`; the target is a local model
 directory whose config.json sets the heads / experts / context each case needs.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtbuild.preflight import problems
-from trtbuild.recipe import load_recipe
+from trtbuild.app.preflight import problems
+from trtbuild.app.recipe import load_recipe
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
          "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 4,
@@ -146,7 +146,7 @@ def test_validate_cli_reports_the_mismatch(tmp_path: Path) -> None:
 
 
 def test_unknown_llm_api_option_is_a_schema_error(tmp_path: Path) -> None:
-    from trtbuild.errors import UserError
+    from trtbuild.core.errors import UserError
 
     with pytest.raises(UserError) as err:
         _recipe(tmp_path, {"engine": {"llm_api_options": {"enable_chunk_prefill": True}}})
@@ -155,7 +155,7 @@ def test_unknown_llm_api_option_is_a_schema_error(tmp_path: Path) -> None:
 
 
 def test_tensorrt_backend_is_a_one_line_error(tmp_path: Path) -> None:
-    from trtbuild.errors import UserError
+    from trtbuild.core.errors import UserError
 
     with pytest.raises(UserError) as err:
         _recipe(tmp_path, {"engine": {"backend": "tensorrt"}})

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage
+from trtbuild.quantize.stage import QuantizeConfig, QuantizeStage
 
 
 def test_defaults() -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from real_checkpoint import smollm2  # noqa: F401  (the session fixture)
 
-from trtbuild.errors import BuildError
-from trtbuild.quantization import QuantizeConfig, run_quantize
+from trtbuild.core.errors import BuildError
+from trtbuild.quantize.quantization import QuantizeConfig, run_quantize
 
 pytestmark = pytest.mark.slow
 # CI-sized: 32 calibration windows, 16 scored. Over calibration seeds 0-2 this measured 1.029-1.039

@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_quantize_stage import SMALL, run_stage, runtime_trace
 
-from trtbuild.contract import load_contract
-from trtbuild.errors import BuildError
-from trtbuild.export_check import check_export
+from trtbuild.core.contract import load_contract
+from trtbuild.core.errors import BuildError
+from trtbuild.quantize.export_check import check_export
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from quantize_fixtures import make_tokenizer
     from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    from trtbuild.data import sources
+    from trtbuild.core.data import sources
 
     root = tmp_path_factory.mktemp("llama4")
     torch.manual_seed(0)
@@ -79,7 +79,7 @@ def test_experts_quantized_routers_excluded_as_tensorrt_llm_builds_them(run) -> 
 def test_export_check_catches_a_wrong_expert_scale(model_root: Path, run, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtbuild.data.sources import TextSource, load_texts, sequential_windows
+    from trtbuild.core.data.sources import TextSource, load_texts, sequential_windows
     from trtbuild.runtime import load_target
 
     _, out = run

@@ -16,10 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trtbuild.errors import BuildError, UserError
-from trtbuild.export_check import CHECK_MAX_LAYER_ERROR
-from trtbuild.stages.base import Artifact, StageContext, StageResult
-from trtbuild.stages.quantize import QuantizeConfig, QuantizeStage, check_export
+from trtbuild.core.errors import BuildError, UserError
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext, StageResult
+from trtbuild.quantize.export_check import CHECK_MAX_LAYER_ERROR
+from trtbuild.quantize.stage import QuantizeConfig, QuantizeStage, check_export
 
 FP8_MAX = 448.0
 ROPE_THETA = 50000.0  # not transformers' default, so a dropped rope_theta shows
@@ -36,7 +37,7 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def run_stage(model_root: Path, out_dir: Path, config: dict[str, Any]) -> StageResult:
     out_dir.mkdir(parents=True)
-    ctx = StageContext(recipe=None, inputs={"model": Artifact("model", "test", model_root)}, out_dir=out_dir)
+    ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "test", model_root)}, out_dir=out_dir)
     return QuantizeStage().run(QuantizeConfig.model_validate(config), ctx)
 
 
@@ -132,7 +133,7 @@ def test_base_perplexity_matches_transformers(model_root: Path,
     """perplexity_base recomputed independently: transformers' own shifted loss on the same windows."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtbuild.data.sources import TextSource, load_texts, sequential_windows
+    from trtbuild.core.data.sources import TextSource, load_texts, sequential_windows
 
     tokenizer = AutoTokenizer.from_pretrained(model_root / "hf")
     model = AutoModelForCausalLM.from_pretrained(model_root / "hf").eval()
@@ -199,7 +200,7 @@ def test_seq_len_beyond_model_positions(model_root: Path, tmp_path: Path) -> Non
 
 def runtime_trace(target: Any, ids: torch.Tensor, nudge: float = 0.0) -> Any:
     """The trace of the runtime itself (its layers chained); `nudge` scales noise added to the embeddings."""
-    from trtbuild.export_check import Trace
+    from trtbuild.quantize.export_check import Trace
     from trtbuild.runtime.target import causal_mask
 
     b, t = ids.shape
@@ -221,7 +222,7 @@ def test_export_check_catches_a_wrong_scale(model_root: Path, default_run: tuple
     """The runtime check must fail on a checkpoint whose numbers are off, not only on crashes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtbuild.data.sources import TextSource, load_texts, sequential_windows
+    from trtbuild.core.data.sources import TextSource, load_texts, sequential_windows
     from trtbuild.runtime import load_target
 
     _, out = default_run
@@ -270,7 +271,7 @@ def test_export_check_judges_each_layer_on_the_reference_inputs(model_root: Path
 def test_perplexity_independent_of_batch_size(model_root: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from trtbuild.evaluation import compare_logits, hf_logits, perplexity
+    from trtbuild.quantize.evaluation import compare_logits, hf_logits, perplexity
 
     model = AutoModelForCausalLM.from_pretrained(model_root / "hf").eval()
     windows = torch.randint(0, 500, (5, 16), generator=torch.Generator().manual_seed(0))
@@ -292,9 +293,9 @@ def test_export_check_of_a_bf16_reference(model_root: Path, tmp_path: Path) -> N
     by 2x still fails."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtbuild import export_check, modelopt_fp8
-    from trtbuild.data.sources import TextSource, load_texts, sequential_windows, token_windows
-    from trtbuild.progress import Progress
+    from trtbuild.core.data.sources import TextSource, load_texts, sequential_windows, token_windows
+    from trtbuild.core.progress import Progress
+    from trtbuild.quantize import export_check, modelopt_fp8
 
     tokenizer = AutoTokenizer.from_pretrained(model_root / "hf")
     ids = sequential_windows(tokenizer, load_texts(TextSource(kind="pydoc"), "eval"), 64, 4, bos=True,

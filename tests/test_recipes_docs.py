@@ -12,7 +12,7 @@ TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text()
 
 
 def test_troubleshooting_covers_every_engine_check():
-    source = (ROOT / "trtbuild" / "trtllm" / "checks.py").read_text()
+    source = (ROOT / "trtbuild" / "engine" / "checks.py").read_text()
     fields = set(re.findall(r'_line\("([A-Za-z0-9_.]+)"', source))
     # The regex finds the checks (quantize.export left with the trtllm_checkpoint export).
     assert {"engine.tensor_parallel", "engine.gemm_plugin", "engine.kv_cache.dtype", "gpu_archs"} <= fields
@@ -22,15 +22,15 @@ def test_troubleshooting_covers_every_engine_check():
 
 
 def test_troubleshooting_covers_every_draft_compatibility_check():
-    from trtbuild.eagle3.compat import CHECKS
+    from trtbuild.draft.compat import CHECKS
 
     missing = [c for c in CHECKS if f"| `{c}` |" not in TROUBLESHOOTING]
     assert not missing, f"add these to docs/troubleshooting.md: {missing}"
 
 
 def test_troubleshooting_covers_the_model_and_deploy_preflight():
-    sources = [(ROOT / "trtbuild" / name).read_text() for name in ("stages/model.py", "model_source.py",
-                                                                   "stages/deploy.py")]
+    sources = [(ROOT / "trtbuild" / name).read_text() for name in ("model/stage.py", "model/source.py", "model/config.py",
+                                                                   "deploy/stage.py")]
     fields = {f for text in sources for f in re.findall(r'[\[(]f?"((?:model|deploy)\.[a-z_.]+):', text)}
     assert {"model.path", "model.repo_id", "model.standin_config", "deploy.max_batch_size"} <= fields
     missing = sorted(f for f in fields if f"`{f}`" not in TROUBLESHOOTING)

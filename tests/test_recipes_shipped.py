@@ -44,7 +44,7 @@ def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def _standin(recipe: Path) -> dict:
-    from trtbuild.recipe import load_recipe
+    from trtbuild.app.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     return json.loads(loaded.resolve_path(loaded.model.standin_config).read_text())
@@ -70,7 +70,7 @@ def test_recipe_validates_and_plans(recipe: Path, capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize("recipe", GPU_RECIPES, ids=lambda p: p.stem)
 def test_gpu_plan_says_weights_are_absent_and_what_runs_on_a_gpu_host(recipe: Path,
                                                                      capsys: pytest.CaptureFixture[str]):
-    from trtbuild.recipe import load_recipe
+    from trtbuild.app.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     data = _plan(recipe, capsys)
@@ -98,7 +98,7 @@ def test_gpu_build_refuses_without_the_weights(recipe: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]):
     err = _refused(["build", str(recipe), "--json"], capsys)
     assert "not in the local HF cache" in err and "model.repo_id" in err
-    from trtbuild.cache import ArtifactCache
+    from trtbuild.core.cache import ArtifactCache
 
     store = ArtifactCache(tmp_path / "cache")
     assert list(store.entries()) == [] and list(store.incomplete()) == []
@@ -129,7 +129,7 @@ def test_plan_says_calibration_memory_and_gpus(capsys: pytest.CaptureFixture[str
     # Maverick with an in-build quantize section: ~800 GB of BF16 weights exceed one node of GPUs.
     import math
 
-    from trtbuild.gpu_plan import CALIBRATION_GPU_SHARE, ONE_GPU_GB, calibration_gpus
+    from trtbuild.app.gpu_plan import CALIBRATION_GPU_SHARE, ONE_GPU_GB, calibration_gpus
 
     recipe = RECIPES_DIR / "llama-4-maverick-fp8-eagle3-tp8.yaml"
     notes = _plan(recipe, capsys, "--set", "quantize.format=fp8")["notes"]

@@ -118,7 +118,7 @@ def test_parameter_estimate_matches_transformers(config_file: Path):
     import torch
     from transformers import Llama4ForCausalLM, Llama4TextConfig, LlamaConfig, LlamaForCausalLM
 
-    from trtbuild.gpu_plan import estimate_parameters
+    from trtbuild.app.gpu_plan import estimate_parameters
 
     config = json.loads(config_file.read_text())
     (config.get("text_config") or config)["num_hidden_layers"] = 4

@@ -7,7 +7,7 @@ import json
 import pytest
 from runtime_fixtures import eagle_module_model, export_draft, one_thread  # noqa: F401
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.bench import BenchConfig, load_prompts, run_bench
 from trtbuild.runtime.devmodels import random_llama
 
@@ -61,7 +61,7 @@ def test_bench_without_a_draft_compares_plain_and_ngram(dirs):
 def test_prompts_come_from_the_heldout_split(dirs):
     from transformers import AutoTokenizer
 
-    from trtbuild.data import pydoc_corpus
+    from trtbuild.core.data import pydoc_corpus
 
     target, _ = dirs
     prompts = load_prompts("pydoc-heldout", target, 3, 20)

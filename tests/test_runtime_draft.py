@@ -9,7 +9,7 @@ import pytest
 import torch
 from runtime_fixtures import eagle_module_model, export_draft, one_thread  # noqa: F401
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime import load_draft, load_target
 from trtbuild.runtime.devmodels import random_llama
 from trtbuild.runtime.layers import prepare_mask

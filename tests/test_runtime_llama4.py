@@ -117,8 +117,8 @@ def test_the_engine_bundles_wrapped_form_gives_the_same_logits(pair, tmp_path):
     `language_model.` tensor names); the runtime reads it back to the very same model."""
     import shutil
 
-    from trtbuild.safetensors_header import read_header
-    from trtbuild.trtllm.llama4_wrap import wrap_target
+    from trtbuild.core.safetensors_header import read_header
+    from trtbuild.engine.llama4_wrap import wrap_target
 
     model, target = pair
     wrapped = tmp_path / "wrapped"
@@ -135,7 +135,7 @@ def test_the_engine_bundles_wrapped_form_gives_the_same_logits(pair, tmp_path):
 
 
 def test_refuses_vision_tensors_in_the_wrapped_form(tmp_path):
-    from trtbuild.errors import UserError
+    from trtbuild.core.errors import UserError
     from trtbuild.runtime.target import unwrapped_state
 
     text = {"language_model.model.norm.weight": torch.ones(2)}
@@ -149,7 +149,7 @@ def test_refuses_the_multimodal_wrapper_and_an_inconsistent_config(tmp_path):
     import json
     import shutil
 
-    from trtbuild.errors import UserError
+    from trtbuild.core.errors import UserError
 
     random_llama4(tmp_path / "ok")
     config = json.loads((tmp_path / "ok" / "config.json").read_text())

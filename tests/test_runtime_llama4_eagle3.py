@@ -1,6 +1,6 @@
 """EAGLE-3 on a Llama 4 target, the project's own way: ModelOpt converts Llama4ForCausalLM
 (EagleLlama4ForCausalLM) with Maverick's capture rule, the draft trains on the target's greedy
-text, trtbuild.eagle3 exports it in TensorRT-LLM's layout and its compatibility check passes, and
+text, trtbuild.draft exports it in TensorRT-LLM's layout and its compatibility check passes, and
 the runtime's speculative decoding (chain and tree) equals plain greedy decoding with real
 acceptance."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from runtime_fixtures import one_thread  # noqa: F401
 
-from trtbuild.eagle3.compat import check_compatible
-from trtbuild.eagle3.export import export_draft
-from trtbuild.eagle3.model import DraftArch, convert_to_eagle3, draft_parameters
-from trtbuild.eagle3.model import load_target as load_hf_target
+from trtbuild.draft.compat import check_compatible
+from trtbuild.draft.export import export_draft
+from trtbuild.draft.model import DraftArch, convert_to_eagle3, draft_parameters
+from trtbuild.draft.model import load_target as load_hf_target
 from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
 from trtbuild.runtime.devmodels import random_llama4
 

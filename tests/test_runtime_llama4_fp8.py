@@ -12,9 +12,9 @@ import torch
 from runtime_fixtures import one_thread  # noqa: F401
 from test_runtime_fp8 import quantize_and_export
 
+from trtbuild.core.safetensors_header import read_header
 from trtbuild.runtime import Generator, SpecParams, load_target
 from trtbuild.runtime.devmodels import random_llama4
-from trtbuild.safetensors_header import read_header
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

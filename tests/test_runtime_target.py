@@ -9,7 +9,7 @@ import pytest
 import torch
 from runtime_fixtures import one_thread  # noqa: F401
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime import Generator, SamplingParams, load_target
 from trtbuild.runtime.devmodels import random_llama
 

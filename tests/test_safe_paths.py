@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from trtbuild.app.pipeline import _link_output
 from trtbuild.cli import main
-from trtbuild.errors import UserError
-from trtbuild.pipeline import _link_output
-from trtbuild.safepaths import OUTPUT_MARKER, clean_output_dir, ensure_inside
+from trtbuild.core.errors import UserError
+from trtbuild.core.safepaths import OUTPUT_MARKER, clean_output_dir, ensure_inside
 
 
 def _validate(recipe: Path, capsys) -> tuple[int, str]:
@@ -115,7 +115,7 @@ def test_ensure_inside_resolves_dotdot(tmp_path):
 def test_bench_output_cannot_be_redirected_by_a_symlink(tmp_path):
     from types import SimpleNamespace
 
-    from trtbuild.cli import _bench_dir
+    from trtbuild.cli.root import _bench_dir
 
     out = tmp_path / "out"
     out.mkdir()

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
-from trtbuild.triton.commands import bench_deployment, default_prompts
-from trtbuild.triton.server import group_members
+from trtbuild.serve.commands import bench_deployment, default_prompts
+from trtbuild.serve.server import group_members
 
 pytestmark = pytest.mark.slow
 
-SERVE = ("import sys; from pathlib import Path; from trtbuild.triton.commands import serve_deployment; "
+SERVE = ("import sys; from pathlib import Path; from trtbuild.serve.commands import serve_deployment; "
          "sys.exit(serve_deployment(Path(sys.argv[1]), http_port=0, grpc_port=0, metrics_port=0))")
 
 
@@ -45,8 +45,8 @@ def test_serve_and_bench_a_deployment(tmp_path: Path) -> None:
 
 
 def test_model_that_cannot_load_is_a_one_line_error_and_nothing_is_left(tmp_path: Path) -> None:
-    from trtbuild.errors import BuildError
-    from trtbuild.triton.server import TritonServer
+    from trtbuild.core.errors import BuildError
+    from trtbuild.serve.server import TritonServer
 
     sources = write_sources(tmp_path / "sources")
     recipe = make_recipe(tmp_path, draft=False, deploy={"target": "local"})
@@ -69,7 +69,7 @@ def test_tritonserver_port_taken_before_it_binds_gets_another(tmp_path: Path, wh
     import socket
     import urllib.request
 
-    from trtbuild.triton.server import TritonServer
+    from trtbuild.serve.server import TritonServer
 
     sources = write_sources(tmp_path / "sources")
     recipe = make_recipe(tmp_path, draft=False, deploy={"target": "local"})

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from trtbuild.listener import Limits, Listener, handler_settings
-from trtbuild.triton import server as server_mod
-from trtbuild.triton.server import build_shim, end_orphans, group_members, write_pid_file
+from trtbuild.serve import server as server_mod
+from trtbuild.serve.listener import Limits, Listener, handler_settings
+from trtbuild.serve.server import build_shim, end_orphans, group_members, write_pid_file
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
 
@@ -92,7 +92,7 @@ def test_limits_follow_the_open_file_limit() -> None:
 
 
 def test_prompt_byte_limit_is_the_context_times_the_longest_token() -> None:
-    from trtbuild.triton.textgen import prompt_byte_limit
+    from trtbuild.serve.textgen import prompt_byte_limit
 
     class Vocab:
         def get_vocab(self) -> dict[str, int]:

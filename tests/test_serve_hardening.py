@@ -1,6 +1,6 @@
 """Issue 13 finding 6: what clients send cannot take the server down, leak through it, or leave
 anything behind. A real tritonserver (nvidia-pytriton's) behind trtbuild's front, started the way
-`trtbuild serve` starts it (`python -m trtbuild.triton.server`, the same `serve()`), on a real
+`trtbuild serve` starts it (`python -m trtbuild.serve.server`, the same `serve()`), on a real
 deployment of a small target with an EAGLE-3 draft."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import requests
 from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, write_sources
 
-from trtbuild.triton.server import free_port, group_members
+from trtbuild.serve.server import free_port, group_members
 
 pytestmark = pytest.mark.slow
 GENERATE = "/v2/models/llm/generate"
@@ -30,7 +30,7 @@ class Served:
     def __init__(self, deploy: Path, exit_timeout: int) -> None:
         self.ports = [free_port() for _ in range(3)]
         self.http, self.grpc = f"127.0.0.1:{self.ports[0]}", f"127.0.0.1:{self.ports[1]}"
-        cmd = [sys.executable, "-m", "trtbuild.triton.server", str(deploy / "repo_local"),
+        cmd = [sys.executable, "-m", "trtbuild.serve.server", str(deploy / "repo_local"),
                "--http-port", str(self.ports[0]), "--grpc-port", str(self.ports[1]),
                "--metrics-port", str(self.ports[2]), "--exit-timeout", str(exit_timeout)]
         self.shm_before = set(os.listdir("/dev/shm"))
@@ -237,7 +237,7 @@ def test_a_tritonserver_that_dies_is_restarted_with_the_reason(deploy: Path) -> 
 
 
 def test_regions_of_a_killed_server_are_collected_and_live_ones_kept(served: Served) -> None:
-    from trtbuild.triton.server import remove_stale_shm
+    from trtbuild.serve.server import remove_stale_shm
 
     live = served.shm_left()
     assert live

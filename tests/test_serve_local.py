@@ -1,6 +1,6 @@
 """A real Triton Inference Server (the tritonserver bundled in nvidia-pytriton) on the local repository.
 
-One server per module, started the way users start it (`python -m trtbuild.triton.server`, what
+One server per module, started the way users start it (`python -m trtbuild.serve.server`, what
 `trtbuild serve` runs), serving two models built by the deploy stage from a real engine bundle:
 `llm` (decoupled: generate, generate_stream, gRPC streams; speculative decoding with the
 bundle's EAGLE-3 draft) and `llm_sync` (plain KServe v2 /infer). Every answer is compared with
@@ -24,8 +24,8 @@ import pytest
 import requests
 from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
-from trtbuild.triton import client
-from trtbuild.triton.server import free_port, group_members
+from trtbuild.serve import client
+from trtbuild.serve.server import free_port, group_members
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ class Served:
 
 
 def _reference(bundle: Path) -> dict[str, tuple[str, list[int]]]:
-    """Plain greedy decoding with the runtime (no draft, no Triton, no trtbuild.triton code)."""
+    """Plain greedy decoding with the runtime (no draft, no Triton, no trtbuild.deploy code)."""
     from transformers import AutoTokenizer
 
     from trtbuild.runtime import Generator, load_target
@@ -70,7 +70,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
                                             "local": {"num_threads": 1}})
     sync_deploy, _ = build_deploy(base, engine, sync_recipe, name="deploy-sync")
     ports = [free_port() for _ in range(3)]
-    cmd = [sys.executable, "-m", "trtbuild.triton.server", str(deploy / "repo_local"),
+    cmd = [sys.executable, "-m", "trtbuild.serve.server", str(deploy / "repo_local"),
            str(sync_deploy / "repo_local"), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
            "--metrics-port", str(ports[2]), "--exit-timeout", "60"]
     proc, log = start_logged(cmd)
@@ -156,8 +156,8 @@ def test_malformed_request_is_a_clear_4xx(served: Served, reference: dict, body:
 
 
 def test_bench_server_against_in_process(served: Served, tmp_path: Path) -> None:
-    from trtbuild.triton.bench import bench_server, in_process
-    from trtbuild.triton.textgen import generator_for_model
+    from trtbuild.serve.bench import bench_server, in_process
+    from trtbuild.serve.textgen import generator_for_model
 
     baseline = in_process(generator_for_model(served.deploy / "repo_local" / "llm"))
     report = bench_server(served.http, PROMPTS, (1, 2), model="llm", max_tokens=16, baseline=baseline,

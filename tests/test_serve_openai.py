@@ -23,12 +23,12 @@ import pytest
 import requests
 from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
-from trtbuild.openai_api.text import FALLBACK_CHAT_TEMPLATE
-from trtbuild.triton.server import group_members
+from trtbuild.serve.openai_api.text import FALLBACK_CHAT_TEMPLATE
+from trtbuild.serve.server import group_members
 
 pytestmark = pytest.mark.slow
 
-SERVE = ("import sys; from pathlib import Path; from trtbuild.triton.commands import serve_deployment; "
+SERVE = ("import sys; from pathlib import Path; from trtbuild.serve.commands import serve_deployment; "
          "sys.exit(serve_deployment(Path(sys.argv[1]), http_port=0, grpc_port=0, metrics_port=0, openai_port=0))")
 PROMPTS = ["The for statement in Python", "def parse(text):", "Exceptions are raised when",
            "A module is a file containing"]
@@ -59,7 +59,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 
 class Reference:
-    """Plain greedy decoding of the runtime (no Triton, no draft, no trtbuild.openai_api code)."""
+    """Plain greedy decoding of the runtime (no Triton, no draft, no trtbuild.serve.openai_api code)."""
 
     def __init__(self, bundle: Path) -> None:
         from transformers import AutoTokenizer

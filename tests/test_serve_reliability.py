@@ -23,14 +23,14 @@ import pytest
 import requests
 from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
-from trtbuild.triton.server import free_port, group_members
+from trtbuild.serve.server import free_port, group_members
 
 pytestmark = pytest.mark.slow
 EXIT_TIMEOUT_S = 5
 FD_LIMIT = 1024
 SERVE = ("import resource, sys; from pathlib import Path; "
          "resource.setrlimit(resource.RLIMIT_NOFILE, ({fds}, {fds})); "
-         "from trtbuild.triton.commands import serve_deployment; "
+         "from trtbuild.serve.commands import serve_deployment; "
          "sys.exit(serve_deployment(Path(sys.argv[1]), http_port=int(sys.argv[2]), grpc_port=int(sys.argv[3]), "
          "metrics_port=int(sys.argv[4]), openai_port=int(sys.argv[5])))")
 GENERATE = "/v2/models/llm/generate"
@@ -184,7 +184,7 @@ def test_2000_idle_connections_with_1024_files(served: Serve) -> None:
                 sock.close()
     assert served.proc.poll() is None and served.grpc_ready()
     # gRPC (grpcio accepts by itself): idle connections are closed after its handshake timeout
-    from trtbuild.triton.grpc_front import HANDSHAKE_TIMEOUT_S
+    from trtbuild.serve.grpc_front import HANDSHAKE_TIMEOUT_S
 
     socks = _open_idle(served.ports[1], 2000)
     try:
@@ -199,7 +199,7 @@ def test_2000_idle_connections_with_1024_files(served: Serve) -> None:
 
 
 def test_slow_head_and_slow_body_are_closed(served: Serve) -> None:
-    from trtbuild.listener import BODY_TIMEOUT_S, HEAD_TIMEOUT_S
+    from trtbuild.serve.listener import BODY_TIMEOUT_S, HEAD_TIMEOUT_S
 
     def slow(port: int, data: bytes) -> float:
         started = time.monotonic()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.progress import Progress
-from trtbuild.tiny import TinyModelConfig, build_tiny_model
+from trtbuild.core.progress import Progress
+from trtbuild.model.tiny import TinyModelConfig, build_tiny_model
 
 # Small enough to build in seconds; still GQA (4 query heads, 2 kv heads) like the default.
 MINI = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -68,7 +68,7 @@ def test_config_json_matches_the_recipe_view(built) -> None:
 def test_tokenizer_round_trips_text(built) -> None:
     from transformers import AutoTokenizer
 
-    from trtbuild.data import pydoc_corpus
+    from trtbuild.core.data import pydoc_corpus
 
     _, out, _ = built
     tok = AutoTokenizer.from_pretrained(out)
@@ -98,7 +98,7 @@ def test_heldout_perplexity_matches_an_independent_computation(built) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from trtbuild.data import pydoc_corpus
+    from trtbuild.core.data import pydoc_corpus
 
     cfg, out, metrics = built
     tok = AutoTokenizer.from_pretrained(out)
@@ -144,7 +144,7 @@ def test_another_seed_gives_other_weights(built, tmp_path) -> None:
 
 
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch) -> None:
-    import trtbuild.tiny as tiny
+    import trtbuild.model.tiny as tiny
 
     def boom(*args, **kwargs):
         raise RuntimeError("interrupted")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.progress import Progress
-from trtbuild.tiny import TinyModelConfig, build_tiny_model
+from trtbuild.core.progress import Progress
+from trtbuild.model.tiny import TinyModelConfig, build_tiny_model
 
 # 4 layers: MoE on 1 and 3, NoPE on 3; chunk 16 and floor 16 inside the 64-token windows.
 MINI = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -9,7 +9,7 @@ nvidia-modelopt 0.37). What they write must be what TensorRT-LLM 1.1.0 reads (it
   holds the full matrix; this is the subset the second environment runs besides).
 - draft: the export's tensor naming (ModelOpt 0.47 writes layers.0.*, trtbuild renames to midlayer.*;
   ModelOpt 0.37 itself writes midlayer.*), checked on the names a conversion produces; and a tiny
-  draft trained by the installed ModelOpt (trtbuild.eagle3.modelopt_compat adapts 0.37): the same
+  draft trained by the installed ModelOpt (trtbuild.draft.modelopt_compat adapts 0.37): the same
   checkpoint format either way, and trtbuild's runtime drafts what the trained module drafts.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtbuild.contract import load_contract
-from trtbuild.contract import validate as cv
+from trtbuild.core.contract import load_contract
+from trtbuild.core.contract import validate as cv
 
 pytestmark = pytest.mark.trtllm11
 
@@ -54,8 +54,8 @@ def _tiny_llama() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def fp8_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trtbuild import modelopt_fp8
-    from trtbuild.progress import Progress
+    from trtbuild.core.progress import Progress
+    from trtbuild.quantize import modelopt_fp8
 
     model = _tiny_llama()
     cfg = modelopt_fp8.quant_config(kv_cache=True, excluded=modelopt_fp8.resolve_excludes(model, ["lm_head"]))
@@ -84,7 +84,7 @@ def test_fp8_export_config_is_what_trtllm_11_reads(fp8_export: Path) -> None:
 
 
 def test_fp8_export_weights(fp8_export: Path) -> None:
-    from trtbuild.safetensors_header import read_header
+    from trtbuild.core.safetensors_header import read_header
 
     header = {}
     for file in fp8_export.glob("*.safetensors"):
@@ -98,8 +98,8 @@ def test_fp8_export_weights(fp8_export: Path) -> None:
 @pytest.mark.parametrize("recipe_path", ["recipes/llama-3.1-8b-instruct-fp8-eagle3.yaml",
                                          "recipes/llama-4-maverick-fp8-eagle3-tp8.yaml"])
 def test_engine_renders_gpu_recipes_for_11(recipe_path: str) -> None:
-    from trtbuild.recipe import load_recipe
-    from trtbuild.trtllm.recipe_conformance import recipe_violations
+    from trtbuild.app.recipe import load_recipe
+    from trtbuild.app.recipe_conformance import recipe_violations
 
     root = Path(__file__).resolve().parents[1]
     assert load_recipe(root / recipe_path).engine.trtllm_version == "1.2.1"  # the 26.07 image's; 1.1 kept
@@ -110,7 +110,7 @@ def test_engine_renders_gpu_recipes_for_11(recipe_path: str) -> None:
 
 
 def test_draft_export_renames_modelopt_layer_names() -> None:
-    from trtbuild.eagle3.export import tensorrt_llm_names
+    from trtbuild.draft.export import tensorrt_llm_names
 
     contract = load_contract("1.1.0")
     layer = contract.section("eagle3_draft")["layer_tensors"]
@@ -145,9 +145,9 @@ def trained_draft(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     the draft stage does."""
     from draft_fixtures import random_eagle3, write_target
 
-    from trtbuild.eagle3.export import export_draft
-    from trtbuild.eagle3.train import TrainPlan, train
-    from trtbuild.progress import Progress
+    from trtbuild.core.progress import Progress
+    from trtbuild.draft.export import export_draft
+    from trtbuild.draft.train import TrainPlan, train
 
     root = tmp_path_factory.mktemp("draft11")
     target_dir = write_target(root / "target", num_hidden_layers=4, **_llama31_rope())
@@ -162,7 +162,7 @@ def trained_draft(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
 
 
 def test_draft_training_runs_with_installed_modelopt(trained_draft) -> None:  # type: ignore[no-untyped-def]
-    from trtbuild.eagle3.modelopt_compat import effective_ttt_steps, ignored_settings, is_legacy
+    from trtbuild.draft.modelopt_compat import effective_ttt_steps, ignored_settings, is_legacy
 
     model, _, _, result, changed = trained_draft
     assert result.steps == 4 and len(result.step_accuracy) == effective_ttt_steps(3)
@@ -178,9 +178,9 @@ def test_trained_draft_is_the_format_trtllm_11_reads(trained_draft) -> None:  # 
     template, kept equal to ModelOpt 0.47's by tests/test_draft_export.py)."""
     from safetensors import safe_open
 
-    from trtbuild.contract.validate import check_draft_dir
-    from trtbuild.eagle3.format import default_aux_layers
-    from trtbuild.eagle3.modelopt_compat import DRAFT_CONFIG_TEMPLATE
+    from trtbuild.core.contract.validate import check_draft_dir
+    from trtbuild.draft.format import default_aux_layers
+    from trtbuild.draft.modelopt_compat import DRAFT_CONFIG_TEMPLATE
 
     _, target_dir, draft_dir, _, _ = trained_draft
     contract = load_contract("1.1.0")

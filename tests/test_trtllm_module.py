@@ -2,8 +2,8 @@
 
 TensorRT-LLM cannot be installed here, so tests/trtllm_standins/ holds a minimal stand-in of each
 release's Linear / FP8QDQLinearMethod / loader loop, built from the signatures recorded in each
-contract's fp8_linear section (trtbuild/contract/; stand-ins, not TensorRT-LLM). The module is the one a
-bundle ships (written by trtbuild.trtllm.plugin_module.write_module) and runs in a fresh process
+contract's fp8_linear section (trtbuild/core/contract/; stand-ins, not TensorRT-LLM). The module is the one a
+bundle ships (written by trtbuild.engine.plugin_module.write_module) and runs in a fresh process
 whose PYTHONPATH starts with the bundle's trtllm_module/, as a server's would.
 """
 
@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtbuild.contract import available_versions, module_conventions
-from trtbuild.trtllm import plugin_module
+from trtbuild.core.contract import available_versions, module_conventions
+from trtbuild.engine import plugin_module
 
 STANDINS = Path(__file__).parent / "trtllm_standins"
 RELEASES = {"1.1.0": "rel_1_1", "1.2.1": "rel_1_2_1", "main-0004396": "rel_main"}
@@ -165,7 +165,7 @@ def test_server_comes_up_in_upstreams_import_order(module_dir: Path, release: st
     """The stand-ins of 1.1.0 and 1.2.1 import the models (hence the linear module) before their version,
     as upstream's tensorrt_llm/__init__.py does (contract: package_import): the module picks the release
     from the distribution's metadata (or the version module) and patches, and the process comes up."""
-    from trtbuild.contract import load_contract
+    from trtbuild.core.contract import load_contract
 
     contract = load_contract(release)
     order = contract.section("package_import")
@@ -206,7 +206,7 @@ def test_min_latency_linears_get_the_plugin_only_where_they_call_quant_method_ap
     """Maverick at tp 8 with enable_min_latency: TensorRT-LLM's Llama4MinLatencyLinear runs its own kernels
     for qkv up to 8 tokens and for gate_up / down up to 16 (contract: fp8_linear.min_latency). The module
     prepares qkv from 9 tokens, o_proj from 1, and no shuffled copy of gate_up / down; `plan` says the same."""
-    from trtbuild.contract import load_contract
+    from trtbuild.core.contract import load_contract
 
     settings = SimpleNamespace(kernels={"sm_90a": "spatial_partition"}, linears=["attention", "dense"],
                                max_tokens=16)

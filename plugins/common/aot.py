@@ -24,9 +24,9 @@ from typing import Any
 
 from plugins.common.arch import ArchSpec
 from plugins.common.jit import FP_FUSION, DualKernel
-from trtbuild.errors import BuildError
-from trtbuild.plugins import AotReport, KernelCheck
-from trtbuild.progress import Progress
+from trtbuild.core.errors import BuildError
+from trtbuild.core.plugins import AotReport, KernelCheck
+from trtbuild.core.progress import Progress
 
 
 @dataclass(frozen=True)

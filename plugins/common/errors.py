@@ -5,7 +5,7 @@ by TensorRT-LLM's server, where trtbuild is neither needed nor imported)."""
 from __future__ import annotations
 
 if __package__ == "plugins.common":
-    from trtbuild.errors import UserError
+    from trtbuild.core.errors import UserError
 else:  # the bundle's copy
 
     class UserError(ValueError):  # type: ignore[no-redef]

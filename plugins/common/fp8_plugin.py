@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from plugins.common import LAYOUT_ID
 from plugins.common.arch import ARCHS, canonical_arch
-from trtbuild.errors import UserError
-from trtbuild.plugins import AotReport, Plugin
+from trtbuild.core.errors import UserError
+from trtbuild.core.plugins import AotReport, Plugin
 
 if TYPE_CHECKING:
     import torch
 
-    from trtbuild.progress import Progress
+    from trtbuild.core.progress import Progress
 
 FP8_QUANT_ALGOS = ("FP8",)  # ModelOpt per-tensor FP8 (hf_quant_config.json quant_algo)
 

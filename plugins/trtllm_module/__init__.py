@@ -1,12 +1,12 @@
 """Routes TensorRT-LLM's FP8 (per-tensor) linears through the GEMM plugins' torch ops at decode.
 
-Shipped inside the engine bundle (trtbuild.trtllm.plugin_module writes it as the package
+Shipped inside the engine bundle (trtbuild.engine.plugin_module writes it as the package
 `trtbuild_gemm`, with a copy of the kernels and a config.json) and imported by the server process
 and its MPI workers; it imports torch, triton and tensorrt_llm only, never trtbuild.
 
     install(config)   patch now if TensorRT-LLM's linear module is imported, else when it is
 
-What the patch does, per the release's recorded convention (trtbuild/contract/*.yaml, fp8_linear):
+What the patch does, per the release's recorded convention (trtbuild/core/contract/*.yaml, fp8_linear):
 - after TensorRT-LLM loaded a linear's weights (the `post_load_weights` hook its model loader calls
   on every module), each selected FP8 linear gets its weight shuffled once into the plugin layout,
   next to the standard-layout weight TensorRT-LLM keeps for its own GEMM;

@@ -1,6 +1,6 @@
 """Stand-ins for the two TensorRT-LLM CUDA ops FP8QDQLinearMethod.apply calls (their real kernels are
 C++ in TensorRT-LLM's wheel, which cannot be installed here). Same names and call signatures as the
-recorded facts (trtbuild/contract/*.yaml, fp8_linear); float32 math on CPU.
+recorded facts (trtbuild/core/contract/*.yaml, fp8_linear); float32 math on CPU.
 
 Not TensorRT-LLM: these exist so tests can drive the recorded calling conventions.
 """

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.batch_forward import Layout, RowGroup, target_groups
 from trtbuild.runtime.batch_kv import BatchKV
 from trtbuild.runtime.sampling import Sampler, SamplingParams

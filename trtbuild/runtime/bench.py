@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from trtbuild.errors import UserError
-from trtbuild.progress import Progress
-from trtbuild.stage_api import StageConfig
+from trtbuild.core.errors import UserError
+from trtbuild.core.progress import Progress
+from trtbuild.core.stage_api import StageConfig
 
 
 class BenchConfig(StageConfig):
@@ -57,9 +57,9 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int,
                  base_dir: Path | None = None) -> list[list[int]]:
     """Token-id prompts: text records cut to exactly `length` tokens (shorter ones skipped); chat
     records ({"messages": [...]}) rendered with the target's chat template as the served OpenAI
-    endpoint renders them (trtbuild.data.chat), whatever their length. Relative paths start at
+    endpoint renders them (trtbuild.core.data.chat), whatever their length. Relative paths start at
     `base_dir` (the recipe's directory)."""
-    from trtbuild.data.chat import record_prompt_ids
+    from trtbuild.core.data.chat import record_prompt_ids
 
     records = _prompt_records(source, base_dir)
     try:
@@ -80,7 +80,7 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int,
 def record_prompts(tokenizer: Any, texts: list[str], count: int, length: int) -> list[list[int]]:
     """The first `length` tokens of `count` texts, evenly spaced over those long enough, encoded as
     the tokenizer encodes a prompt (BOS included): how requests start."""
-    from trtbuild.data.chat import record_prompt_ids
+    from trtbuild.core.data.chat import record_prompt_ids
 
     return record_prompt_ids(tokenizer, list(texts), count, length)
 
@@ -88,7 +88,7 @@ def record_prompts(tokenizer: Any, texts: list[str], count: int, length: int) ->
 def _prompt_records(source: str, base_dir: Path | None = None) -> list[Any]:
     """Texts (str) and chats (lists of messages) of a bench prompt source."""
     if source == "pydoc-heldout":
-        from trtbuild.data import pydoc_corpus
+        from trtbuild.core.data import pydoc_corpus
 
         return list(pydoc_corpus.split()[1])
     path = Path(source).expanduser()
@@ -98,7 +98,7 @@ def _prompt_records(source: str, base_dir: Path | None = None) -> list[Any]:
         raise UserError("prompt file not found", file=str(path), field="bench.prompts",
                         fix="use 'pydoc-heldout' or a .txt/.jsonl file (relative to the recipe's directory)")
     if path.suffix == ".jsonl":
-        from trtbuild.data.sources import _record
+        from trtbuild.core.data.sources import _record
 
         records: list[Any] = []
         for number, line in enumerate(path.read_text().splitlines(), 1):

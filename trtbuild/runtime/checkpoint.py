@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.layers import LinearParts
 
 

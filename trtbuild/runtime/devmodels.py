@@ -64,7 +64,7 @@ def random_llama4(out_dir: Path, *, seed: int = 0, vocab: int = 256, hidden: int
 
 
 def corpus_bytes(split: str = "train") -> torch.Tensor:
-    from trtbuild.data import pydoc_corpus
+    from trtbuild.core.data import pydoc_corpus
 
     text = pydoc_corpus.train_text() if split == "train" else pydoc_corpus.heldout_text()
     return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()

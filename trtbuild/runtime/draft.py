@@ -18,7 +18,7 @@ The step, as ModelOpt trains it (plugins/modeling_eagle.py + LlamaDecoderLayer):
 ModelOpt's decoder layer applies input_layernorm to h before its pre-attention hook adds
 hidden_norm, so drafts trained with unmodified ModelOpt expect the doubled norm. `first_norm=
 "standard"` (default) computes the TRT-LLM form, which is what TRT-LLM will run and what the
-draft stage trains (trtbuild.eagle3.modelopt_compat patches 0.47's hook; ModelOpt 0.37's module
+draft stage trains (trtbuild.draft.modelopt_compat patches 0.47's hook; ModelOpt 0.37's module
 already computes this form); `"modelopt"` reproduces stock ModelOpt 0.47.
 """
 
@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.checkpoint import Weights, load_state_dict
 from trtbuild.runtime.hf_config import EAGLE3_ARCHITECTURES, LlamaSpec, read_json, spec_from_config
 from trtbuild.runtime.kv_cache import KVCache

@@ -57,7 +57,7 @@ class Fp8Gemm:
             self.weight, self.op = weight_fp8.contiguous(), None
             return
         kernel = "spatial_partition" if mode == "reference" else mode
-        from trtbuild import plugins
+        from trtbuild.core import plugins
 
         arch = (arch_of_capability(*torch.cuda.get_device_capability(weight_fp8.device))
                 if weight_fp8.is_cuda else None) or "sm_90a"

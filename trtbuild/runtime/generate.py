@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.draft import DraftModel
 from trtbuild.runtime.kv_cache import KVCache
 from trtbuild.runtime.ngram import NGramDrafter

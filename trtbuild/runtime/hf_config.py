@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
 LLAMA4_ARCHITECTURES = ("Llama4ForCausalLM",)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.checkpoint import Weights
 from trtbuild.runtime.layers import Linear, LinearParts, apply_linears, fuse_linears
 

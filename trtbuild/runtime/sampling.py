@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 
 TEMPERATURE_EPSILON = 1e-5
 MAX_TOP_K = 2**31 - 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trtbuild.errors import UserError
+from trtbuild.core.errors import UserError
 from trtbuild.runtime.checkpoint import Weights, load_state_dict
 from trtbuild.runtime.hf_config import WRAPPED_PREFIX, LlamaSpec, QuantInfo, read_target_config
 from trtbuild.runtime.kv_cache import KVCache
@@ -296,7 +296,7 @@ class TargetModel:
         states [L+1, B, T, H]: the embeddings, then every decoder layer's output, of a full causal
         forward of B sequences. Returns (outputs [L, B, T, H]: layer i on states[i], float32;
         logits [B, T, V] of the head on states[L]). Errors of one layer cannot feed the next, so
-        a comparison sees each layer's own arithmetic (see trtbuild/export_check.py).
+        a comparison sees each layer's own arithmetic (see trtbuild/quantize/export_check.py).
         """
         b, t = states.shape[1:3]
         cache = self.new_cache(b, t)

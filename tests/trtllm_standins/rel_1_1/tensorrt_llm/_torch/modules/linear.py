@@ -1,6 +1,6 @@
 """Stand-in for tensorrt_llm/_torch/modules/linear.py of TensorRT-LLM 1.1.0 (not TensorRT-LLM).
 
-Minimal and faithful to the recorded facts (trtbuild/contract/trtllm-1.1.0.yaml, fp8_linear;
+Minimal and faithful to the recorded facts (trtbuild/core/contract/trtllm-1.1.0.yaml, fp8_linear;
 read at linear.py@ed53795b): class and method names, parameter lists, which method calls which,
 the FP8 per-tensor attributes and the fused q/k/v, gate/up rescaling to the largest scale. Tensor
 parallelism, LoRA and the other quant methods are left out.

@@ -1,6 +1,6 @@
 """Stand-in for tensorrt_llm/_torch/modules/linear.py of TensorRT-LLM 1.2.1 (not TensorRT-LLM).
 
-Minimal and faithful to the recorded facts (trtbuild/contract/trtllm-1.2.1.yaml, fp8_linear: the same
+Minimal and faithful to the recorded facts (trtbuild/core/contract/trtllm-1.2.1.yaml, fp8_linear: the same
 apply(module, input, bias) and post_load_weights hook as 1.1.0;
 read at linear.py@ed53795b): class and method names, parameter lists, which method calls which,
 the FP8 per-tensor attributes and the fused q/k/v, gate/up rescaling to the largest scale. Tensor

@@ -1,6 +1,6 @@
 """Stand-in for tensorrt_llm/_torch/modules/linear.py of TensorRT-LLM main@00bbf71 (not TensorRT-LLM).
 
-Minimal and faithful to the recorded facts (trtbuild/contract/trtllm-main-0004396.yaml, fp8_linear,
+Minimal and faithful to the recorded facts (trtbuild/core/contract/trtllm-main-0004396.yaml, fp8_linear,
 read at linear.py@00bbf71): FP8QDQLinearMethod derives from UnquantizedLinearMethod, apply takes
 (module, input, bias, output_buffer_kind, group), apply_window_output asks for an NCCL-window buffer,
 load_weights takes allow_partial_loading and runs process_weights_after_loading (fused rescaling)

@@ -1,0 +1,3 @@
+from trtbuild.cli import main
+
+main()

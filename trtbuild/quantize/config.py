@@ -1,0 +1,74 @@
+"""The quantize section (`quantize:`): FP8 format, calibration data, the accuracy gate and the export.
+Pydantic only: no torch, no ModelOpt (trtbuild/quantize/quantization.py does the work).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from trtbuild.core.data.sources import TextSource
+from trtbuild.core.stage_api import StageConfig
+
+
+class CalibrationConfig(StageConfig):
+    dataset: TextSource = Field(default_factory=lambda: TextSource(kind="pydoc"),
+                                description="Calibration text: `pydoc` (train split), a .txt/.jsonl path, "
+                                "or {hf: name, ...} from the local Hugging Face cache.")
+    num_samples: int = Field(default=128, gt=0, le=10**7, description="Token windows fed through the model.")
+    seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per calibration window.")
+    batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the window sampling (deterministic).")
+
+
+class GateConfig(StageConfig):
+    # Set on a real checkpoint (bench/RESULTS.md, "The default FP8 gate"): ModelOpt's default FP8
+    # costs SmolLM2-135M-Instruct 1.035-1.043 on pydoc, the LM head in FP8 too 1.115.
+    max_perplexity_ratio: float = Field(default=1.06, gt=0, le=1000,
+                                        description="Fail the build when FP8 perplexity / base perplexity "
+                                        "on the eval split exceeds this. The default passes the 3.5-4.5 % "
+                                        "FP8 costs SmolLM2-135M; the GPU recipes, for larger models, set 1.02.")
+    eval_dataset: TextSource = Field(default_factory=lambda: TextSource(kind="pydoc"),
+                                     description="Evaluation text: `pydoc` uses its held-out split.")
+    eval_samples: int | None = Field(default=None, gt=0, le=10**7,
+                                     description="Consecutive windows of the eval text to score "
+                                     "(default: all of it).")
+    seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per evaluation window.")
+    batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass during evaluation.")
+
+
+class QuantizeConfig(StageConfig):
+    format: Literal["fp8"] = Field(default="fp8",
+                                   description="fp8: per-tensor FP8 E4M3 weights and activations "
+                                   "(ModelOpt's FP8_DEFAULT_CFG, max calibration).")
+    kv_cache: Literal["fp8", "none"] = Field(default="fp8",
+                                             description="Quantize the KV cache to FP8 (k/v scales "
+                                             "calibrated and exported) or leave it in model precision.")
+    exclude: list[str] = Field(default_factory=lambda: ["lm_head"],
+                               description="Glob patterns of linear module names to keep unquantized; "
+                               "`p` matches a name equal to p or ending in `.p`.")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig,
+                                           description="Calibration data and batching.")
+    export: Literal["hf"] = Field(
+        default="hf", description="hf: ModelOpt's unified Hugging Face checkpoint, which TensorRT-LLM's PyTorch "
+        "backend loads (the legacy trtllm_checkpoint export fed only the removed TensorRT-engine backend).")
+    gate: GateConfig = Field(default_factory=GateConfig, description="The accuracy gate.")
+    check_export: bool = Field(default=True,
+                               description="Load the export with trtbuild.runtime and compare it with "
+                               "ModelOpt's fake-quantized model, layer by layer.")
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _removed_export(cls, value: Any) -> Any:
+        if value == "trtllm_checkpoint":
+            raise ValueError("trtllm_checkpoint fed only TensorRT-LLM's TensorRT-engine backend, which upstream "
+                             "removed and trtbuild no longer builds; use export: hf")
+        return value
+
+    @field_validator("exclude")
+    @classmethod
+    def _non_empty_patterns(cls, patterns: list[str]) -> list[str]:
+        if any(not p.strip() for p in patterns):
+            raise ValueError("exclude patterns must not be empty")
+        return patterns

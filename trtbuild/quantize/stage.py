@@ -1,0 +1,44 @@
+"""quantize stage: FP8 post-training quantization with ModelOpt, an accuracy gate, and the export.
+
+The work (calibration, the gate, the export and its check) is trtbuild/quantize/quantization.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtbuild.core.layout import MODEL_HF
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
+from trtbuild.quantize.config import CalibrationConfig, GateConfig, QuantizeConfig
+from trtbuild.quantize.export_check import check_export
+from trtbuild.quantize.quantization import run_quantize
+
+__all__ = ["CalibrationConfig", "GateConfig", "QuantizeConfig", "QuantizeStage", "check_export", "run_quantize"]
+
+
+def _base_dir(recipe: RecipeInfo) -> Path | None:
+    return recipe.base_dir
+
+
+class QuantizeStage(Stage):
+    """FP8 post-training quantization (ModelOpt) with a perplexity gate; exported for TensorRT-LLM."""
+
+    name = "quantize"
+    config_cls = QuantizeConfig
+    depends_on = ("model",)
+    libraries = ("nvidia-modelopt", "torch", "transformers", "safetensors")
+
+    def key_material(self, config: StageConfig, recipe: RecipeInfo) -> dict[str, Any]:
+        from trtbuild.core.data.sources import fingerprint
+
+        assert isinstance(config, QuantizeConfig)
+        base = _base_dir(recipe)
+        return {"calibration_data": fingerprint(config.calibration.dataset, base_dir=base),
+                "eval_data": fingerprint(config.gate.eval_dataset, base_dir=base)}
+
+    def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
+        assert isinstance(config, QuantizeConfig)
+        return run_quantize(config, ctx.input("model").path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
+                            base_dir=_base_dir(ctx.recipe))
