@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trtbuild.cli import main
-from trtbuild.cli import root as cli
+from trtbuild.cli import common as cli
 from trtbuild.core.cache import LAST_USED, MARKER, ArtifactCache
 
 
@@ -167,23 +167,23 @@ def test_gc_and_clean_keep_an_entry_a_server_leases(tmp_path, monkeypatch, capsy
 
 
 def test_what_serve_builds_is_leased_for_the_process_lifetime(tmp_path, monkeypatch, capsys):
-    """`serve`, `demo` and `bench` get their artifacts from cli._built, which leases them."""
+    """`serve`, `demo` and `bench` get their artifacts from cli.built, which leases them."""
     root = tmp_path / "cache"
     monkeypatch.setenv("TRTBUILD_CACHE", str(root))
     recipe = _recipe(tmp_path / "proj", _model_dir(tmp_path / "m"))
-    before = len(cli._LEASES)
-    _, artifacts = cli._built(str(recipe), (), "model", False)
+    before = len(cli.LEASES)
+    _, artifacts = cli.built(str(recipe), (), "model", False)
     capsys.readouterr()
     try:
-        assert len(cli._LEASES) == before + 1
+        assert len(cli.LEASES) == before + 1
         env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])}
         gc = subprocess.run([sys.executable, "-m", "trtbuild.cli", "cache", "gc", "--older-than", "0"], env=env,
                             capture_output=True, text=True, check=True)
         assert "a running server uses it" in gc.stdout and artifacts["model"].is_dir(), gc.stdout
     finally:
-        for fd in cli._LEASES[before:]:
+        for fd in cli.LEASES[before:]:
             os.close(fd)
-        del cli._LEASES[before:]
+        del cli.LEASES[before:]
 
 
 def test_clean_cache_removes_only_the_named_recipes_entries(tmp_path, monkeypatch, capsys):

@@ -115,7 +115,7 @@ def test_ensure_inside_resolves_dotdot(tmp_path):
 def test_bench_output_cannot_be_redirected_by_a_symlink(tmp_path):
     from types import SimpleNamespace
 
-    from trtbuild.cli.root import _bench_dir
+    from trtbuild.cli.common import bench_dir as _bench_dir
 
     out = tmp_path / "out"
     out.mkdir()
