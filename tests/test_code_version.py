@@ -48,6 +48,10 @@ EDITS = [
     ("trtbuild/serve/front.py", set()),  # serving, not building: no artifact depends on it
     ("trtbuild/serve/openai_api/app.py", set()),
     ("trtbuild/cli/root.py", set()),
+    # The GEMM-plugin kernels: the runtime runs them in the quantize export check and the draft's
+    # acceptance run (runtime/gemm_plugin.py), and the engine bundle ships them.
+    ("plugins/common/layout.py", {"quantize", "draft", "engine"}),
+    ("plugins/gemm_weight_shuffle/kernel.py", {"quantize", "draft", "engine"}),  # named by a string
 ]
 
 

@@ -8,7 +8,11 @@ rebuilds it, and editing one it cannot reach does not. The closure is read from 
 - `import a.b.c` and `from a.b.c import x` reach `a.b.c`; `from a.b import c` reaches `a.b` and,
   when `c` is a module, `a.b.c`; relative imports are resolved against the importing module's package;
 - a string that spells a project module (`"trtbuild.runtime.target"`, as lazy `importlib` tables
-  write them) reaches it;
+  write them) reaches it, and so does a dotted string naming one below the file's own top package
+  (`"gemm_weight_shuffle.kernel"` in plugins/common/kernels.py, whose bundled copy has another root);
+- the top-level `plugins` package is indexed beside `trtbuild`: the runtime runs its kernels
+  (runtime/gemm_plugin.py, reached from the quantize export check and the draft's acceptance run),
+  so an edit under plugins/ re-keys every stage whose closure reaches them;
 - a string naming a sibling source file (`"local_model.py"`, which the deploy stage copies into its
   artifact) puts that file's bytes in the version, but not its imports: they run in the server, not
   in the stage.
@@ -27,13 +31,16 @@ from functools import cache
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the trtbuild package
-PACKAGE = "trtbuild"
+# The project's packages under the root: trtbuild, and the top-level `plugins` package whose kernels
+# the runtime runs (runtime/gemm_plugin.py: the quantize export check, the draft's acceptance run).
+PACKAGE: tuple[str, ...] = ("trtbuild", "plugins")
 
 
-def module_files(root: Path = PROJECT_ROOT, package: str = PACKAGE) -> dict[str, Path]:
-    """Dotted module name -> source file, for every module of `package` under `root`."""
+def module_files(root: Path = PROJECT_ROOT, package: str | tuple[str, ...] = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of `package` (one or several) under `root`."""
     index: dict[str, Path] = {}
-    for file in sorted((root / package).rglob("*.py")):
+    packages = (package,) if isinstance(package, str) else package
+    for file in sorted(f for name in packages for f in (root / name).rglob("*.py")):
         parts = file.relative_to(root).with_suffix("").parts
         if "__pycache__" in parts or not all(p.isidentifier() for p in parts):
             continue
@@ -42,13 +49,13 @@ def module_files(root: Path = PROJECT_ROOT, package: str = PACKAGE) -> dict[str,
     return index
 
 
-def import_graph(root: Path = PROJECT_ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = PROJECT_ROOT, package: str | tuple[str, ...] = PACKAGE) -> dict[str, set[str]]:
     """Module -> the project modules it imports (see the module docstring for what counts)."""
     index = module_files(root, package)
     return {name: _edges(name, file, index)[0] for name, file in index.items()}
 
 
-def closure(module: str, root: Path = PROJECT_ROOT, package: str = PACKAGE) -> list[str]:
+def closure(module: str, root: Path = PROJECT_ROOT, package: str | tuple[str, ...] = PACKAGE) -> list[str]:
     """`module` and every project module it reaches through imports, sorted."""
     index = module_files(root, package)
     if module not in index:
@@ -64,7 +71,7 @@ def closure(module: str, root: Path = PROJECT_ROOT, package: str = PACKAGE) -> l
     return sorted(seen)
 
 
-def code_version(module: str, root: Path = PROJECT_ROOT, package: str = PACKAGE) -> str:
+def code_version(module: str, root: Path = PROJECT_ROOT, package: str | tuple[str, ...] = PACKAGE) -> str:
     """Hash of the bytes of every module in `module`'s closure (with their paths)."""
     index = module_files(root, package)
     digest = hashlib.sha256()
@@ -120,6 +127,8 @@ def _references(path: str, size: int, mtime_ns: int, *, is_package: bool, module
                 refs.add(f"file:{text}")
             elif all(part.isidentifier() for part in text.split(".")):
                 refs.add(text)
+                if "." in text:  # relative to the file's top package (plugins/common/kernels.py names
+                    refs.add(f"{module.split('.')[0]}.{text}")  # "gemm_weight_shuffle.kernel")
     return frozenset(refs)
 
 
