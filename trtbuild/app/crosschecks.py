@@ -12,6 +12,7 @@ from typing import Any
 
 from trtbuild.app.recipe import Recipe
 from trtbuild.app.stages import STAGE_ORDER, all_stages
+from trtbuild.model.source import target_hf_config, text_config
 
 GIB = 1 << 30
 
@@ -43,7 +44,6 @@ def _target_shapes(recipe: Recipe) -> dict[str, Any] | None:
         return None
     if model.source == "tiny":
         return model.tiny.hf_config()
-    from trtbuild.model.source import target_hf_config, text_config
 
     found = target_hf_config(recipe)
     return text_config(found[0]) if found else None

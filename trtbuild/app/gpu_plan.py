@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.app.recipe import Recipe
+from trtbuild.core.contract import load_contract
+from trtbuild.engine.checkpoint_quant import quant_of_dir
+from trtbuild.model.source import hf_cache_dir, target_hf_config, text_config, uses_standin
 
 # One H100's memory: the reference for "fits on one GPU" (the recipe does not name the card).
 ONE_GPU_GB = 80.0
@@ -26,8 +29,6 @@ CALIBRATION_GPU_SHARE = 0.8
 def estimate_parameters(hf_config: dict[str, Any]) -> int:
     """Parameters of the language model from its config: dense Llama, or Llama 4's interleaved MoE
     (routed experts + shared expert + router on MoE layers, `intermediate_size_mlp` on dense ones)."""
-    from trtbuild.model.source import text_config
-
     text = text_config(hf_config)
     h, layers, vocab = text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]
     heads = text["num_attention_heads"]
@@ -74,13 +75,14 @@ def _hf_datasets(recipe: Recipe) -> list[str]:
 
 def _fetch(recipe: Recipe) -> str:
     model, draft = recipe.model, recipe.draft
+    assert model is not None  # a stand-in speaks only for a model section's target
     revision = f" --revision {model.revision}" if model.revision != "main" else ""
     steps = [f"hf download {model.repo_id}{revision}" if model.source == "hub"
-             else f"copy the model to {recipe.resolve_path(model.path)}"]
+             else f"copy the model to {recipe.resolve_path(str(model.path))}"]
     if draft is not None and draft.source == "hub":
         steps.append(f"hf download {draft.repo_id}")
     elif draft is not None and draft.source == "path":
-        steps.append(f"copy the draft to {recipe.resolve_path(draft.path)}")
+        steps.append(f"copy the draft to {recipe.resolve_path(str(draft.path))}")
     steps += [f"hf download --repo-type dataset {name}" for name in _hf_datasets(recipe)]
     return "  1. fetch (into the HF cache, on a connected machine): " + "; ".join(steps)
 
@@ -122,9 +124,6 @@ def calibration_gpus(params: int) -> int:
 
 def _checkpoint_quant(recipe: Recipe) -> str | None:
     """The checkpoint's quant_algo when the stand-in / config carries ModelOpt's quantization_config."""
-    from trtbuild.engine.checkpoint_quant import quant_of_dir
-    from trtbuild.model.source import target_hf_config
-
     found = target_hf_config(recipe)
     if found and not found[1].startswith("stand-in "):  # the weights are here: what TensorRT-LLM reads
         algo, _, said = quant_of_dir(Path(found[1]).parent)
@@ -190,8 +189,6 @@ def _engine_step(recipe: Recipe, params: int) -> list[str]:
     if draft is not None and draft.source == "ngram":
         spec = f", speculative_config NGram max_draft_len {engine.draft_len or draft.max_draft_len}"
     elif draft is not None and draft.source != "none":
-        from trtbuild.core.contract import load_contract
-
         kind = load_contract(engine.trtllm_version).eagle3_decoding_type
         spec = (f", speculative_config {kind} max_draft_len {engine.draft_len or draft.max_draft_len} "
                 f"(one model: {engine.eagle3_one_model})")
@@ -215,19 +212,17 @@ def _deploy_step(recipe: Recipe) -> list[str]:
 
 def plan_notes(recipe: Recipe) -> list[str]:
     """Lines for `trtbuild plan`: empty unless the target's weights are absent and a stand-in is used."""
-    from trtbuild.model.source import hf_cache_dir, target_hf_config, text_config, uses_standin
-
     if not uses_standin(recipe):
         return []
     model = recipe.model
     found = target_hf_config(recipe)
-    if found is None:
+    if model is None or found is None:
         return []  # the preflight reports an unreadable stand-in
     hf_config, where = found
     text = text_config(hf_config)
     params = estimate_parameters(hf_config)
     absent = (f"'{model.repo_id}' ({model.revision}) is not in the local HF cache {hf_cache_dir()}"
-              if model.source == "hub" else f"{recipe.resolve_path(model.path)} does not exist")
+              if model.source == "hub" else f"{recipe.resolve_path(str(model.path))} does not exist")
     arch = (hf_config.get("architectures") or ["?"])[0]
     experts = f", {text['num_local_experts']} experts" if text.get("num_local_experts") else ""
     engine = recipe.engine

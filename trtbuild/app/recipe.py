@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -266,7 +267,7 @@ def _to_user_error(exc: ValidationError, positions: dict, model: type[BaseModel]
     return UserError(message, file=pos.file, line=pos.line, field=field, fix=fix)
 
 
-def _fix_for(kind: str, err: dict) -> str:
+def _fix_for(kind: str, err: Mapping[str, Any]) -> str:
     if kind == "literal_error":
         return f"use {err.get('ctx', {}).get('expected', 'one of the allowed values')}"
     if kind.endswith("_type") or kind.endswith("_parsing"):

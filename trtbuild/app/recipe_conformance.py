@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.app.recipe import Recipe
+from trtbuild.core.bundle_info import BundleInfo
 from trtbuild.core.contract import Contract, Violation, available_versions, load_contract
 from trtbuild.core.contract import validate as cv
 from trtbuild.core.llm_args import LlmApiOptions
+from trtbuild.deploy.repo_trtllm import llmapi_model_yaml
+from trtbuild.engine.bundle import build_options
+from trtbuild.engine.config import has_draft
 from trtbuild.engine.conformance import emitted_violations, serve_spec
+from trtbuild.engine.facts import target_facts
 
 if TYPE_CHECKING:
     from trtbuild.engine.config import EngineConfig
@@ -28,10 +33,6 @@ def contract_problems(config: EngineConfig, recipe: Recipe) -> list[str]:
 
 def recipe_violations(config: EngineConfig, recipe: Recipe) -> list[Violation]:
     """What the bundle of this recipe would break, from the recipe alone (no files read but configs)."""
-    from trtbuild.engine.bundle import build_options
-    from trtbuild.engine.config import has_draft
-    from trtbuild.engine.facts import target_facts
-
     contract = load_contract(config.trtllm_version)
     options = build_options(config, recipe, target_facts(recipe), None, with_draft=has_draft(recipe),
                             contract=contract)
@@ -70,9 +71,6 @@ def release_images(contract: Contract) -> str:
 def _llmapi_violations(config: EngineConfig, deploy: Any, options: LlmApiOptions,
                        contract: Contract) -> list[Violation]:
     """The Triton LLM-API model.yaml and config.pbtxt parameters the deploy stage would write."""
-    from trtbuild.core.bundle_info import BundleInfo
-    from trtbuild.deploy.repo_trtllm import llmapi_model_yaml
-
     bundle = BundleInfo(root=Path("."), backend="pytorch", served="target", tokenizer="target", draft="draft",
                         options=options, tensor_parallel=config.tensor_parallel,
                         pipeline_parallel=config.pipeline_parallel, trtllm_version=contract.version)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtbuild.app.recipe import Recipe
+from trtbuild.model.source import target_hf_config, text_config
 
 
 def _layers(count: int, rule: str, indices: list[int]) -> str:
@@ -37,8 +38,6 @@ def llama4_structure(text: dict[str, Any]) -> str | None:
 
 
 def structure_notes(recipe: Recipe) -> list[str]:
-    from trtbuild.model.source import target_hf_config, text_config
-
     model = recipe.model
     if model is None:
         return []

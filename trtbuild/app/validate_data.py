@@ -14,8 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trtbuild.app.crosschecks import _target_shapes
 from trtbuild.app.recipe import Recipe
+from trtbuild.core.data.sources import load_records
 from trtbuild.core.errors import UserError
+from trtbuild.model.source import local_model_dir, text_config, uses_standin
 
 GIB = 1 << 30
 MAX_MODEL_NAME = 128  # a directory in the model repository and a URL path segment
@@ -28,8 +31,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 
 
 def problems(recipe: Recipe) -> list[str]:
-    from trtbuild.app.crosschecks import _target_shapes
-
     try:
         shapes = _target_shapes(recipe)
     except (OSError, ValueError):
@@ -68,7 +69,6 @@ def _model_shapes(recipe: Recipe) -> list[str]:
     model = recipe.model
     if model is None or model.source == "tiny":
         return []
-    from trtbuild.model.source import local_model_dir, text_config
 
     directory = local_model_dir(model, recipe)
     if directory is None:
@@ -80,8 +80,7 @@ def _model_shapes(recipe: Recipe) -> list[str]:
     if not isinstance(config, dict):
         return []
     text = text_config(config)
-    missing = [k for k in SHAPE_KEYS if not (isinstance(text.get(k), int) and not isinstance(text.get(k), bool)
-                                            and text.get(k) > 0)]
+    missing = [k for k in SHAPE_KEYS if not (isinstance(v := text.get(k), int) and not isinstance(v, bool) and v > 0)]
     if missing:
         field = "model.path" if model.source == "path" else "model.repo_id"
         return [f"{field}: {directory / 'config.json'} has no usable {', '.join(missing)} (positive integers), so "
@@ -108,8 +107,6 @@ def _sources(recipe: Recipe) -> list[tuple[str, Any, int, bool]]:
 
 
 def _data_sources(recipe: Recipe) -> list[str]:
-    from trtbuild.model.source import uses_standin
-
     out: list[str] = []
     read: dict[Path, list[Any] | str] = {}
     # A recipe checked away from its weights (a stand-in config speaks for them) is not on the machine
@@ -153,8 +150,6 @@ def _record_bytes(record: Any) -> int:
 
 def _read_records(source: Any, base_dir: Path) -> list[Any] | str:
     """The file's records as the build reads them, or why it cannot read them (one line)."""
-    from trtbuild.core.data.sources import load_records
-
     path = source.resolved_path(base_dir)
     try:
         raw = path.read_bytes()
@@ -203,8 +198,6 @@ def _tokenizers(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
             out += _tokenizer_dir("deploy.tokenizer.path", path, vocab)
     model = recipe.model
     if model is not None and model.source != "tiny":
-        from trtbuild.model.source import local_model_dir
-
         directory = local_model_dir(model, recipe)
         if directory is not None and (directory / "tokenizer.json").is_file():
             field = "model.path" if model.source == "path" else "model.repo_id"
@@ -302,7 +295,6 @@ def _target_weight_bytes(recipe: Recipe) -> int | None:
                   + t.num_hidden_layers * (2 * t.hidden_size * (t.hidden_size + kv)
                                            + 3 * t.hidden_size * t.intermediate_size))
         return 4 * params
-    from trtbuild.model.source import local_model_dir
 
     directory = local_model_dir(model, recipe)
     if directory is None:

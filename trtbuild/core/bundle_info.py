@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.core.errors import BuildError
+from trtbuild.core.llm_args import read_options
 
 BUNDLE_FORMAT_PREFIX = "trtbuild-engine-bundle/"
 
@@ -63,8 +64,6 @@ class BundleInfo:
 
 
 def read_bundle(root: Path) -> BundleInfo:
-    from trtbuild.core.llm_args import read_options
-
     described = root / "bundle.json"
     try:
         info = json.loads(described.read_text())

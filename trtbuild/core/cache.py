@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.errors import UserError
+from trtbuild.core.layout import SHARD_SETS, STAGE_ORDER
+
 MANIFEST = "manifest.json"
 _TMP_PREFIX = ".tmp-"
 LAST_USED = ".last_used"
@@ -70,8 +73,6 @@ class Entry:
 
 def _stage_dir_names() -> tuple[str, ...]:
     """The stage directories and the draft's shard sets (trtbuild/draft/shards.py): entries alike."""
-    from trtbuild.core.layout import SHARD_SETS, STAGE_ORDER
-
     return (*STAGE_ORDER, *SHARD_SETS)
 
 
@@ -126,8 +127,6 @@ class ArtifactCache:
     def require_marked(self, action: str) -> None:
         """Refuse `action` (one line, exit 2) unless the root is a trtbuild cache; an unmarked one that
         has only a trtbuild cache's layout is marked now (a cache made before the marker existed)."""
-        from trtbuild.core.errors import UserError
-
         if self.is_marked():
             return
         if self.root.is_symlink() or not self.root.is_dir():

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from trtbuild.core.shell import has_control
 from trtbuild.core.stage_api import StageConfig
 
 Target = Literal["trtllm", "local"]
@@ -39,8 +40,6 @@ class TrtllmTargetOptions(StageConfig):
     @field_validator("image", "bundle_mount", "all_models_dir")
     @classmethod
     def _plain(cls, value: str) -> str:
-        from trtbuild.core.shell import has_control
-
         if not value or has_control(value) or any(c.isspace() for c in value):
             raise ValueError(f"{value!r} must be non-empty, without whitespace or control characters")
         return value
@@ -108,8 +107,12 @@ class LocalTargetOptions(StageConfig):
         return self
 
 
+def _both_targets() -> list[Target]:
+    return ["local", "trtllm"]
+
+
 class DeployConfig(StageConfig):
-    target: list[Target] = Field(default_factory=lambda: ["local", "trtllm"], description="Repositories to "
+    target: list[Target] = Field(default_factory=_both_targets, description="Repositories to "
                                  "write: trtllm (TensorRT-LLM's Triton backend) and/or local (the project's "
                                  "runtime behind the python backend, for CPU rehearsal).")
     model_name: str = Field(default="llm", description="Name clients call (/v2/models/<name>/generate).")

@@ -11,6 +11,7 @@ from trtbuild.core.bundle_info import BundleInfo, read_bundle
 from trtbuild.core.errors import UserError
 from trtbuild.core.layout import BUNDLE
 from trtbuild.core.pbtxt import check_repository
+from trtbuild.core.stage_api import StageResult
 from trtbuild.deploy import launch
 from trtbuild.deploy.repo_local import write_local_repository
 from trtbuild.deploy.repo_trtllm import write_trtllm_repository
@@ -41,8 +42,6 @@ def link_bundle(out_dir: Path, bundle_root: Path) -> Path:
 
 
 def build_deployment(config: DeployConfig, ctx: StageContext) -> StageResult:
-    from trtbuild.core.stage_api import StageResult
-
     bundle_root = ctx.input("engine").path / BUNDLE
     bundle = read_bundle(bundle_root)
     max_batch_size = resolve_batch_size(config, bundle)

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.core.bundle_info import BundleInfo
+from trtbuild.core.contract import load_contract
+from trtbuild.core.contract import validate as cv
 from trtbuild.core.pbtxt import Enum, write_config
 
 HEADER = "Written by trtbuild from the recipe and the engine bundle; paths are as the server sees them."
@@ -89,9 +91,6 @@ def _instances(count: int) -> list[dict[str, Any]]:
 
 def write_llmapi(repo: Path, config: Any, bundle: BundleInfo, max_batch_size: int) -> dict[str, Any]:
     import yaml
-
-    from trtbuild.core.contract import load_contract
-    from trtbuild.core.contract import validate as cv
 
     contract = load_contract(bundle.trtllm_version)
     model_dir = repo / config.model_name

@@ -20,6 +20,7 @@ from __future__ import annotations
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
 from trtbuild.deploy.config import DeployConfig, LocalTargetOptions, Target, TokenizerOptions, TrtllmTargetOptions
+from trtbuild.deploy.deploy import build_deployment
 from trtbuild.engine.config import EngineConfig
 
 __all__ = ["DeployConfig", "DeployStage", "LocalTargetOptions", "Target", "TokenizerOptions", "TrtllmTargetOptions"]
@@ -47,6 +48,5 @@ class DeployStage(Stage):
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         assert isinstance(config, DeployConfig)
-        from trtbuild.deploy.deploy import build_deployment
 
         return build_deployment(config, ctx)

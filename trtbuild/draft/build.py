@@ -19,7 +19,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.core.errors import UserError
+from trtbuild.core.errors import BuildError, UserError
+from trtbuild.draft import distributed as dist_train
+from trtbuild.draft.compat import check_compatible
+from trtbuild.draft.distributed import resolve_autocast, resolve_backend, resolve_device
+from trtbuild.draft.draft_data import ensure_data, load_pool
+from trtbuild.draft.format import default_aux_layers
+from trtbuild.draft.hidden import ensure_hidden
+from trtbuild.draft.hidden_store import HiddenStore, batches, load_head_only
+from trtbuild.draft.shards import shard_bytes
+from trtbuild.draft.vocab import calibrate_d2t
 
 if TYPE_CHECKING:
     from trtbuild.core.stage_api import StageContext
@@ -30,8 +39,6 @@ TRAIN_LOG = "train_log.json"  # in the artifact: the global batch's loss at ever
 
 
 def resolve_aux_layers(config: DraftConfig, num_layers: int) -> list[int]:
-    from trtbuild.draft.format import default_aux_layers
-
     if config.aux_layers is None:
         return default_aux_layers(num_layers)
     bad = [i for i in config.aux_layers if not 0 <= i < num_layers]
@@ -60,13 +67,10 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     import torch
     from transformers import AutoConfig
 
-    from trtbuild.draft.compat import check_compatible
-    from trtbuild.draft.draft_data import ensure_data, load_pool
     from trtbuild.draft.export import export_draft
     from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.draft.modelopt_compat import effective_ttt_steps, ignored_settings
     from trtbuild.draft.train import TrainPlan, train
-    from trtbuild.draft.vocab import calibrate_d2t
 
     torch.manual_seed(config.seed)
     text_config = AutoConfig.from_pretrained(str(target_dir)).get_text_config()
@@ -84,9 +88,6 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     pool = load_pool(data.path)
     features, hidden = None, None
     if config.hidden_states == "offline":
-        from trtbuild.draft.hidden import ensure_hidden
-        from trtbuild.draft.hidden_store import HiddenStore, batches, load_head_only
-
         hidden = ensure_hidden(data, target_dir, aux_layers, config.hidden_states_dtype, ctx.progress)
         features = batches(HiddenStore(hidden.path))
         target = load_head_only(target_dir)
@@ -153,8 +154,6 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         if name in result:
             metrics[name] = result[name]
     if hidden is not None:
-        from trtbuild.draft.shards import shard_bytes
-
         metrics["dump_seconds"] = round(hidden.seconds, 1)
         metrics["hidden_states_bytes"] = shard_bytes(hidden.path)
         info["hidden_states"] = _set_info(hidden)
@@ -168,8 +167,6 @@ def _set_info(found: Any) -> dict[str, Any]:
 
 def training_placement(config: DraftConfig, target_bytes: int = 0) -> dict[str, Any]:
     """Device, forward autocast dtype and target dtype of the training, from `draft.train`."""
-    from trtbuild.draft.distributed import resolve_autocast, resolve_backend, resolve_device
-
     device = resolve_device(config.train.device)
     if device == "cuda":
         import torch
@@ -209,8 +206,6 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
     Offline (`hidden_dir`), each rank reads the hidden-state shards and holds only the target's head."""
     from safetensors.torch import save_file
 
-    from trtbuild.draft import distributed as dist_train
-
     settings = config.train
     done = dist_train.read_result(resume, model)  # a finished run whose export was interrupted
     if done is not None:
@@ -246,8 +241,6 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
     dist_train.launch(argv, resume, plan.steps, ctx.progress, what)
     result = dist_train.read_result(resume, model)
     if result is None:
-        from trtbuild.core.errors import BuildError
-
         raise BuildError(f"draft: the training processes exited without a result in {resume}",
                          fix=f"see {resume / dist_train.LAUNCH_LOG}")
     return result

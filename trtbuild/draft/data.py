@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtbuild.core.data.sources import token_windows
 from trtbuild.core.progress import Progress
 
 
@@ -115,8 +116,6 @@ def answer_loss_mask(rows: torch.Tensor, answer_starts: list[int], eos_ids: list
 
 
 def pool_spec(tokenizer: Any, texts: list[str], plan: DataPlan) -> PoolSpec:
-    from trtbuild.core.data.sources import token_windows
-
     n_distill = round(plan.samples * plan.distill_fraction)
     n_text = plan.samples - n_distill
     windows = (token_windows(tokenizer, texts, n_text, plan.seq_len, plan.seed, bos=plan.bos,

@@ -24,6 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.errors import BuildError
+from trtbuild.core.shell import comment_safe, default_assignment, quote, sbatch_directives
+from trtbuild.draft.hidden_store import HiddenStore, batches, load_head_only
+
 JOB_FILE = "job.json"
 INIT_FILE = "init.safetensors"  # the converted model's draft weights before training (+ d2t)
 TRAINED_FILE = "trained.safetensors"
@@ -128,8 +132,6 @@ def slurm_head_node() -> str:
 
 def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "") -> str:
     """sbatch script: one torchrun per node (srun), c10d rendezvous on the first node of the allocation."""
-    from trtbuild.core.shell import comment_safe, default_assignment, quote, sbatch_directives
-
     directives = sbatch_directives(job_name=slurm.job_name, nodes=nodes, tasks_per_node=1,
                                    gpus_per_node=processes, time_limit=slurm.time_limit,
                                    output="trtbuild-draft-%j.out", partition=slurm.partition, account=slurm.account)
@@ -154,8 +156,6 @@ def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_
 
 def launch(argv: list[str], resume: Path, steps: int, progress: Any, description: str) -> None:
     """Run the ranks; stream rank 0's progress; one clear line (BuildError) when any rank fails."""
-    from trtbuild.core.errors import BuildError
-
     for stale in resume.glob("error-rank*.txt"):
         stale.unlink()
     package_root = str(Path(__file__).resolve().parents[2])
@@ -272,8 +272,6 @@ def run_rank(job_file: Path) -> None:
         sharded: dict[str, int] = {}
         model = None
         if job.hidden_dir is not None:  # offline: the stored hidden states stand in for the target's layers
-            from trtbuild.draft.hidden_store import HiddenStore, batches, load_head_only
-
             target = load_head_only(Path(job.target_dir))
             features = batches(HiddenStore(Path(job.hidden_dir)))
         elif job.target_sharding == "fsdp":  # each rank reads only its shards of the target

@@ -18,6 +18,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core.code_version import code_version
+from trtbuild.core.data.chat import chat_prompt_ids, request_messages
+from trtbuild.core.data.sources import fingerprint, joiner, load_records, load_texts
 from trtbuild.core.layout import DRAFT_DATA
 from trtbuild.draft import shards
 from trtbuild.draft.shards import ShardSet
@@ -36,8 +39,6 @@ REQUESTS_FILE = "synthetic_requests.json"  # in the resume dir: a resumed run an
 
 
 def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
-    from trtbuild.core.code_version import code_version
-
     fields = config.model_dump(mode="json", include=set(DATA_FIELDS))
     material = [fields, target_key, dataset_fingerprint, code_version(__name__)]
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -46,8 +47,6 @@ def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
 def ensure_data(config: Any, target_dir: Path, target_key: str, base_dir: Path | None,
                 progress: Progress) -> ShardSet:
     """The pool's shard set: from the cache, or made now (resuming a killed run's shards)."""
-    from trtbuild.core.data.sources import fingerprint
-
     key = data_key(config, target_key, fingerprint(config.dataset, base_dir=base_dir))
     if (found := shards.reuse(DRAFT_DATA, key)) is not None:
         return ShardSet(found, key, reused=True, computed=0, kept=0, seconds=0.0)
@@ -118,7 +117,6 @@ def generation_model(target_dir: Path) -> Any:
 def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None, synthetic: list[str] | None = None) -> Any:
     from transformers import AutoTokenizer
 
-    from trtbuild.core.data.sources import joiner, load_texts
     from trtbuild.draft.data import DataPlan, pool_spec
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
@@ -133,9 +131,6 @@ def _pool_spec(config: Any, target_dir: Path, base_dir: Path | None, synthetic: 
 def chat_requests(config: Any, tokenizer: Any, base_dir: Path | None, synthetic: list[str]) -> list[list[int]] | None:
     """The chat records of the training source and the synthetic requests, as served requests (None
     when there are neither: a text source)."""
-    from trtbuild.core.data.chat import chat_prompt_ids, request_messages
-    from trtbuild.core.data.sources import load_records
-
     chats = [r for r in load_records(config.dataset, "train", base_dir=base_dir) if isinstance(r, list)]
     chats += [[{"role": "user", "content": text}] for text in synthetic]
     return [chat_prompt_ids(tokenizer, request_messages(c)) for c in chats] or None

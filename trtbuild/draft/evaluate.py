@@ -16,6 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core.data.chat import chat_prompt_ids, record_prompt_ids
+from trtbuild.core.data.sources import TextSource, load_records
+from trtbuild.core.errors import UserError
+from trtbuild.draft.config import DraftConfig
+from trtbuild.draft.draft_data import generation_model
+from trtbuild.runtime.stats import acceptance_rates
+
 if TYPE_CHECKING:
     from trtbuild.core.stage_api import StageContext
     from trtbuild.draft.config import DraftEval
@@ -39,10 +46,6 @@ def eval_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -
     (`target_written_prompts`), else pydoc."""
     from transformers import AutoTokenizer
 
-    from trtbuild.core.data.chat import record_prompt_ids
-    from trtbuild.core.data.sources import TextSource, load_records
-    from trtbuild.core.errors import UserError
-
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     if settings.dataset is not None:
         source, origin = settings.dataset, settings.dataset.describe()
@@ -64,10 +67,6 @@ def target_written_prompts(target_dir: Path, tokenizer: Any, count: int) -> list
     Magpie sampling under a seed of its own, as long as training's by default), rendered as the
     served endpoint renders them. A chat model's draft is measured on requests like the ones it
     will serve, without a dataset; pydoc's raw paragraphs are text such a model is never sent."""
-    from trtbuild.core.data.chat import chat_prompt_ids
-    from trtbuild.core.errors import UserError
-    from trtbuild.draft.config import DraftConfig
-    from trtbuild.draft.draft_data import generation_model
     from trtbuild.draft.requests import synthesize
 
     max_tokens = DraftConfig.model_fields["synthetic_request_tokens"].default
@@ -83,7 +82,6 @@ def measure_tau(target_dir: Path, draft_dir: Path | None, prompts: Any, new_toke
     """Speculative greedy decoding of every prompt with the EAGLE-3 draft in `draft_dir`, or with
     n-gram prompt lookup when it is None; pooled acceptance statistics."""
     from trtbuild.runtime import Generator, SpecParams, load_draft, load_target
-    from trtbuild.runtime.stats import acceptance_rates
 
     target = load_target(Path(target_dir))
     if draft_dir is None:

@@ -21,6 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtbuild.core.contract import load_contract
+from trtbuild.core.contract.hf_config import legacy_rope_keys
+from trtbuild.draft.modelopt_compat import export_raw
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "chat_template.jinja")
 CONSUMERS = ("tensorrt_llm: speculative_config (decoding type and draft key per release: trtbuild/core/contract)",
@@ -43,12 +47,8 @@ def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: st
     `layer_prefix`: the decoder layer's tensor prefix the TensorRT-LLM release reads (default: the
     default release's contract)."""
     if layer_prefix is None:
-        from trtbuild.core.contract import load_contract
-
         layer_prefix = load_contract().draft_layer_prefix
     from safetensors.torch import save_file
-
-    from trtbuild.draft.modelopt_compat import export_raw
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=False)
@@ -71,8 +71,6 @@ def export_draft(model: nn.Module, out_dir: Path, *, target_dir: Path, dtype: st
 
 def normalise_config(config: dict[str, Any], dtype: str) -> dict[str, Any]:
     import transformers
-
-    from trtbuild.core.contract.hf_config import legacy_rope_keys
 
     config = legacy_rope_keys(dict(config))
     config["torch_dtype"] = dtype

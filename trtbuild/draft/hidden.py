@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core.code_version import code_version
 from trtbuild.core.layout import DRAFT_HIDDEN
 from trtbuild.draft import shards
 from trtbuild.draft.shards import ShardSet
@@ -43,8 +44,6 @@ FORWARD_ROWS = 16  # sequences per target forward in the dump
 
 
 def hidden_key(data_key: str, aux_layers: list[int], dtype: str) -> str:
-    from trtbuild.core.code_version import code_version
-
     material = [data_key, sorted(aux_layers), dtype, code_version(__name__)]
     return hashlib.sha256(json.dumps(material).encode()).hexdigest()[:24]
 

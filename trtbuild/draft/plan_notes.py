@@ -7,12 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from trtbuild.core.data.sources import fingerprint
+from trtbuild.core.errors import UserError
 from trtbuild.core.hf_files import text_config
 from trtbuild.core.layout import DRAFT_DATA, DRAFT_HIDDEN
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.draft import shards
+from trtbuild.draft.build import resolve_aux_layers
 from trtbuild.draft.config import DraftConfig
 from trtbuild.draft.draft_data import data_key
+from trtbuild.draft.hidden import estimate_bytes, hidden_key
 from trtbuild.model.config import ModelConfig
 
 
@@ -31,9 +34,6 @@ def plan_notes(recipe: RecipeInfo, steps: list[Any]) -> list[str]:
     if dims is None:
         return [*notes, "draft hidden states (offline): the target's config is not readable yet; the disk "
                 "they take is printed once it is"]
-    from trtbuild.core.errors import UserError
-    from trtbuild.draft.build import resolve_aux_layers
-    from trtbuild.draft.hidden import estimate_bytes, hidden_key
 
     num_layers, hidden = dims
     try:

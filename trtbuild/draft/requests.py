@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from trtbuild.core.data.chat import render_chat
 from trtbuild.core.errors import UserError
 
 MARK = "\x00TRTBUILD-REQUEST\x00"
@@ -26,8 +27,6 @@ BATCH = 32
 def user_turn_prefix(tokenizer: Any) -> list[int]:
     """Token ids of the chat template rendered up to where a user's request starts, encoded as the
     served endpoint encodes prompts (trtbuild.core.data.chat)."""
-    from trtbuild.core.data.chat import render_chat
-
     text = render_chat(tokenizer, [{"role": "user", "content": MARK}])
     if MARK not in text:
         raise UserError("the chat template does not write the user's message", field="draft.synthetic_requests",

@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtbuild.draft.model import convert_to_eagle3
+from trtbuild.draft.sharding import shard_target
+
 # Checkpoints may hold a text model under the multimodal wrapper's prefix (Llama 4).
 CHECKPOINT_PREFIXES = ("", "language_model.")
 
@@ -31,9 +34,6 @@ def build_sharded_target(target_dir: Path, dtype: torch.dtype, arch: Any, init: 
     read (target_bytes_read_per_rank) next to the shard counts of sharding.shard_target."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from trtbuild.draft.model import convert_to_eagle3
-    from trtbuild.draft.sharding import shard_target
 
     config = AutoConfig.from_pretrained(str(target_dir))
     with init_empty_weights():  # parameters on meta, buffers real

@@ -18,12 +18,20 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.cache import default_root, resume_in_use
+from trtbuild.core.code_version import code_version
+from trtbuild.core.data.sources import fingerprint
 from trtbuild.core.errors import BuildError, UserError
 from trtbuild.core.hf_files import hub_snapshot_commit, hub_snapshot_dir, pickle_files, refuse_pickles
 from trtbuild.core.layout import DRAFT_EAGLE3, MODEL_HF
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
+from trtbuild.draft.build import train_draft
+from trtbuild.draft.compat import check_compatible
 from trtbuild.draft.config import DraftConfig, DraftEval, DraftGate
+from trtbuild.draft.evaluate import evaluate_draft
+from trtbuild.draft.format import read_draft
+from trtbuild.draft.pickled import PUBLISHED, check_archive, convert_into, is_published_pickle_draft
 from trtbuild.model.config import ModelConfig
 
 __all__ = ["DraftConfig", "DraftEval", "DraftGate", "DraftStage", "resume_dir"]
@@ -47,9 +55,6 @@ def _hub_dir(config: DraftConfig) -> Path:
 def resume_dir(config: DraftConfig, target_key: str) -> Path:
     """Where an interrupted training keeps its checkpoints: outside the stage's temp dir, keyed by
     everything that shapes the training (config, target artifact, training code)."""
-    from trtbuild.core.cache import default_root
-    from trtbuild.core.code_version import code_version
-
     # How many processes train is left out: a checkpoint is the same training whatever the split of
     # its global batches, so a killed run may resume with another process count.
     training = config.model_dump(mode="json", exclude={
@@ -70,7 +75,6 @@ class DraftStage(Stage):
 
     def key_material(self, config: StageConfig, recipe: RecipeInfo) -> dict[str, Any]:
         assert isinstance(config, DraftConfig)
-        from trtbuild.core.data.sources import fingerprint
 
         base = recipe.base_dir
         eval_source = config.eval.dataset
@@ -100,8 +104,6 @@ class DraftStage(Stage):
         try:
             target_dir = _known_target_dir(recipe)
             if target_dir is not None and not _pickled(draft_dir):  # a pickle is checked once converted
-                from trtbuild.draft.compat import check_compatible
-
                 check_compatible(draft_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
         except UserError as exc:
             return [exc.one_line()]
@@ -123,21 +125,14 @@ class DraftStage(Stage):
         }
         metrics: dict[str, Any] = {"source": config.source, "max_draft_len": config.max_draft_len}
         if config.source == "train":
-            from trtbuild.core.cache import resume_in_use
-            from trtbuild.draft.build import train_draft
-
             resume = resume_dir(config, model_artifact.key)
             with resume_in_use(resume):  # `cache gc` leaves the resume dir alone while this trains
                 trained = train_draft(config, ctx, target_dir, out, resume, model_artifact.key)
             metrics.update(trained["metrics"])
             info.update(trained["info"])
         else:
-            from trtbuild.draft.compat import check_compatible
-
             source_dir = self._loaded_dir(config, ctx.recipe)
             if _pickled(source_dir):  # published as pytorch_model.bin: weights-only load, safetensors copy
-                from trtbuild.draft.pickled import convert_into
-
                 info["converted"] = convert_into(source_dir, out, _where(config), ctx.progress.log)
                 check_compatible(out, target_dir, ignore=config.compat_ignore, where=_where(config))
             else:
@@ -147,7 +142,6 @@ class DraftStage(Stage):
             info["compat_ignored"] = list(config.compat_ignore)
 
         from trtbuild.draft.export import CONSUMERS
-        from trtbuild.draft.format import read_draft
 
         draft = read_draft(out)
         info["consumers"] = list(CONSUMERS)
@@ -180,11 +174,8 @@ class DraftStage(Stage):
                                 fix="give an existing EAGLE-3 draft directory")
         else:
             directory = _hub_dir(config)
-        from trtbuild.draft.pickled import is_published_pickle_draft
 
         if is_published_pickle_draft(directory, pickle_files(directory)):
-            from trtbuild.draft.pickled import PUBLISHED, check_archive
-
             check_archive(directory / PUBLISHED, _where(config))
         else:
             refuse_pickles(directory, _where(config))
@@ -192,8 +183,6 @@ class DraftStage(Stage):
 
 
 def _pickled(directory: Path) -> bool:
-    from trtbuild.draft.pickled import is_published_pickle_draft
-
     return is_published_pickle_draft(directory, pickle_files(directory))
 
 
@@ -232,7 +221,6 @@ def _evaluate(config: DraftConfig, ctx: StageContext, target_dir: Path, draft_di
     """tau on the eval prompts: of the EAGLE-3 draft in draft_dir, or of n-gram lookup (None)."""
     if config.eval.prompts == 0:
         return {"acceptance_length": None}
-    from trtbuild.draft.evaluate import evaluate_draft
 
     return evaluate_draft(target_dir, draft_dir, config.eval, config.max_draft_len, ctx,
                           max_matching_ngram_size=config.max_matching_ngram_size)

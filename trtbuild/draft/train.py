@@ -34,6 +34,7 @@ from trtbuild.core.cache import sha256_file
 from trtbuild.core.progress import Progress
 from trtbuild.draft.model import draft_parameters
 from trtbuild.draft.modelopt_compat import step_accuracy
+from trtbuild.draft.sharding import ignore_for_ddp
 
 STATE_TENSORS = "state.safetensors"
 STATE_META = "state.json"  # step, accuracy, loss, optimizer param groups, and the tensors' sha256
@@ -228,8 +229,6 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
     forward: nn.Module = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
-
-        from trtbuild.draft.sharding import ignore_for_ddp
 
         # DDP synchronises the draft only: construction broadcasts rank 0's draft weights (every rank
         # loaded the same ones; this makes sure); the frozen target is every rank's own copy from disk,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core import plugins
 from trtbuild.core.contract import Contract, load_contract
 from trtbuild.core.contract import validate as contract_validate
 from trtbuild.core.contract.hf_config import rewrite_config
@@ -31,6 +32,7 @@ from trtbuild.core.llm_args import (
     write_options,
 )
 from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage_api import StageResult
 from trtbuild.draft.config import DraftConfig
 from trtbuild.engine import boundary, conformance, launchers, plugin_module
 from trtbuild.engine.checkpoint_quant import quant_of_dir
@@ -241,8 +243,6 @@ def with_absolute_paths(options: LlmApiOptions, bundle: Path) -> dict[str, Any]:
 
 def plugin_key_material(names: list[str]) -> dict[str, Any]:
     """Hash of each plugin's kernel sources (the top-level plugins/ package is outside trtbuild)."""
-    from trtbuild.core import plugins
-
     material: dict[str, Any] = {}
     for name in names:
         try:
@@ -276,8 +276,6 @@ def aot_plugins(kernels: dict[str, str], bundle: Path, progress: Any) -> dict[st
 
     The server JIT-compiles the same source on first use; this is the build-time proof that it
     compiles for those archs to FP8 tensor-core code without spills."""
-    from trtbuild.core import plugins
-
     reports: dict[str, Any] = {}
     for name in sorted(set(kernels.values())):
         archs = sorted(a for a, k in kernels.items() if k == name)
@@ -308,8 +306,6 @@ def _sass_summary(report: Any) -> dict[str, Any]:
 # --- the stage ------------------------------------------------------------------------------------
 
 def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
-    from trtbuild.core.stage_api import StageResult
-
     recipe, progress = ctx.recipe, ctx.progress
     archs = list(recipe.gpu_archs)
     contract = load_contract(config.trtllm_version)
@@ -463,8 +459,6 @@ def wrap_llama4(target: Path, contract: Contract) -> list[str]:
 
 
 def plugins_op(name: str) -> str:
-    from trtbuild.core import plugins
-
     return plugins.get(name).torch_op_name
 
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from trtbuild.core import plugins
+from trtbuild.core.contract import load_contract
 from trtbuild.core.errors import UserError
+from trtbuild.core.llm_args import parse_options
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.draft.config import DraftConfig
+from trtbuild.engine import plugin_module
 from trtbuild.engine.checkpoint_quant import quant_of_dir
 from trtbuild.engine.config import draft_len, has_draft
 from trtbuild.engine.facts import ModelFacts, target_facts
@@ -178,9 +182,6 @@ def _checkpoint_format(config: EngineConfig, recipe: RecipeInfo, facts: ModelFac
 def _plugins(config: EngineConfig, recipe: RecipeInfo) -> list[str]:
     """engine.gemm_plugin: each named kernel exists, serves its arch, and has an FP8 checkpoint and a
     recorded TensorRT-LLM convention to patch."""
-    from trtbuild.core import plugins
-    from trtbuild.engine import plugin_module
-
     settings = config.gemm_plugin
     if settings is None:
         return []
@@ -212,8 +213,6 @@ def _plugins(config: EngineConfig, recipe: RecipeInfo) -> list[str]:
             out.append(_line(where, reason, "use gemm_weight_shuffle where warp specialization is unavailable"
                              f" ({', '.join(plugins.get('gemm_weight_shuffle').supported_archs)})"))
     try:
-        from trtbuild.core.contract import load_contract
-
         plugin_module.convention(load_contract(config.trtllm_version))
     except UserError as exc:
         out.append(_line("engine.gemm_plugin", exc.message, exc.fix or "remove gemm_plugin"))
@@ -257,8 +256,6 @@ def _archs(config: EngineConfig, recipe: RecipeInfo) -> list[str]:
 
 
 def _options(config: EngineConfig) -> list[str]:
-    from trtbuild.core.llm_args import parse_options
-
     out: list[str] = []
     for key in sorted(set(config.llm_api_options) & set(OWNED_OPTIONS)):
         out.append(_line(f"engine.llm_api_options.{key}", "is set by the engine section itself",

@@ -6,9 +6,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from trtbuild.core.contract import available_versions
+from trtbuild.core.llm_args import LlmApiOptions
 from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.shell import has_control
 from trtbuild.core.stage_api import StageConfig
 from trtbuild.draft.config import DraftConfig
+
+Linear = Literal["attention", "dense"]
 
 
 class KvCacheSettings(StageConfig):
@@ -59,8 +64,6 @@ class LauncherSettings(StageConfig):
     @field_validator("container_image")
     @classmethod
     def _image(cls, value: str | None) -> str | None:
-        from trtbuild.core.shell import has_control
-
         if value is not None and (not value or has_control(value) or any(c.isspace() for c in value)):
             raise ValueError(f"{value!r} must be an image reference without whitespace or control characters")
         return value
@@ -68,8 +71,6 @@ class LauncherSettings(StageConfig):
     @field_validator("container_mounts")
     @classmethod
     def _mounts(cls, mounts: list[str]) -> list[str]:
-        from trtbuild.core.shell import has_control
-
         for mount in mounts:
             if has_control(mount) or "," in mount or mount.count(":") not in (1, 2) or mount.startswith(":"):
                 raise ValueError(f"{mount!r} is not a SRC:DST[:FLAGS] mount (no ',' or control characters)")
@@ -81,8 +82,8 @@ class GemmPluginSettings(StageConfig):
                                     "{sm_90a: spatial_partition, sm_100a: spatial_partition}; "
                                     "gemm_weight_shuffle where warp specialization is unavailable (sm_89, "
                                     "sm_120a). Archs not listed keep TensorRT-LLM's GEMM.")
-    linears: list[Literal["attention", "dense"]] = Field(
-        default_factory=lambda: ["attention", "dense"], description="FP8 per-tensor linears that use it: "
+    linears: list[Linear] = Field(
+        default_factory=lambda: list[Linear](["attention", "dense"]), description="FP8 per-tensor linears that use it: "
         "attention (fused qkv, o_proj) and dense (fused gate_up, down_proj, shared experts); MoE experts "
         "always keep TensorRT-LLM's kernels.")
     max_tokens: int = Field(default=16, ge=1, le=16, description="Largest token count of a call that runs "
@@ -164,8 +165,6 @@ class EngineConfig(StageConfig):
     @field_validator("trtllm_version")
     @classmethod
     def _known_version(cls, value: str) -> str:
-        from trtbuild.core.contract import available_versions
-
         if value not in available_versions():
             raise ValueError(f"no TensorRT-LLM contract for {value!r}; known: {', '.join(available_versions())}")
         return value
@@ -182,8 +181,6 @@ class EngineConfig(StageConfig):
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         import re
 
-        from trtbuild.core.shell import has_control
-
         bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
         if bad:
             raise ValueError(f"'{bad[0]}' is not an environment variable name")
@@ -196,8 +193,6 @@ class EngineConfig(StageConfig):
     @classmethod
     def _options_known(cls, options: dict[str, Any]) -> dict[str, Any]:
         import difflib
-
-        from trtbuild.core.llm_args import LlmApiOptions
 
         known = sorted(LlmApiOptions.model_fields)
         unknown = sorted(set(options) - set(known))

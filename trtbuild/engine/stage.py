@@ -22,8 +22,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from trtbuild.core.contract import contract_files
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
+from trtbuild.engine.bundle import build_bundle, plugin_key_material
+from trtbuild.engine.checks import engine_problems, toolchain_problems
 from trtbuild.engine.config import (
     EngineConfig,
     GemmPluginSettings,
@@ -49,8 +52,6 @@ class EngineStage(Stage):
         assert isinstance(config, EngineConfig)
         # The archs decide the AOT cubins; the plugin sources decide them and the shipped module; the
         # contracts (data files, not code) decide the names written and the module's recorded conventions.
-        from trtbuild.core.contract import contract_files
-        from trtbuild.engine.bundle import plugin_key_material
 
         kernels = sorted(set(config.gemm_plugin.kernels.values())) if config.gemm_plugin else []
         digest = hashlib.sha256()
@@ -62,12 +63,10 @@ class EngineStage(Stage):
 
     def preflight(self, config: StageConfig, recipe: RecipeInfo) -> list[str]:
         assert isinstance(config, EngineConfig)
-        from trtbuild.engine.checks import engine_problems, toolchain_problems
 
         return engine_problems(config, recipe) + toolchain_problems(config)
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         assert isinstance(config, EngineConfig)
-        from trtbuild.engine.bundle import build_bundle
 
         return build_bundle(config, ctx)

@@ -20,6 +20,7 @@ from typing import Any
 from trtbuild.core.errors import UserError
 from trtbuild.core.layout import MODEL_HF
 from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.safetensors_header import count_parameters
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
 from trtbuild.model.source import (
     ModelConfig,
@@ -31,6 +32,7 @@ from trtbuild.model.source import (
     standin_problems,
     text_config,
 )
+from trtbuild.model.tiny import build_tiny_model
 
 __all__ = ["ModelConfig", "ModelStage"]
 
@@ -99,8 +101,6 @@ class ModelStage(Stage):
         assert isinstance(config, ModelConfig)
         hf_dir = ctx.out_dir / MODEL_HF
         if config.source == "tiny":
-            from trtbuild.model.tiny import build_tiny_model
-
             metrics = build_tiny_model(config.tiny, hf_dir, ctx.progress)
             return StageResult(metrics=metrics, info={"source": "tiny"})
         if config.source == "path":
@@ -133,8 +133,6 @@ class ModelStage(Stage):
 
 
 def _shape_metrics(hf_config: dict[str, Any], directory: Path) -> dict[str, Any]:
-    from trtbuild.core.safetensors_header import count_parameters
-
     text = text_config(hf_config)
     return {
         "architecture": (hf_config.get("architectures") or ["?"])[0],

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core.data import pydoc_corpus
 from trtbuild.core.errors import BuildError
 from trtbuild.core.progress import Progress
 from trtbuild.model.config import BOS, EOS, PAD, SPECIAL_TOKENS, TinyModelConfig
@@ -84,8 +85,6 @@ def _deterministic_torch() -> Iterator[None]:
 
 def _build(cfg: TinyModelConfig, out_dir: Path, progress: Progress) -> dict[str, float]:
     import torch
-
-    from trtbuild.core.data import pydoc_corpus
 
     progress.log(f"tiny: training a {cfg.vocab_size}-token byte-level BPE tokenizer on the pydoc train split")
     tokenizer = train_tokenizer(cfg.vocab_size)
@@ -139,8 +138,6 @@ def _new_model(cfg: TinyModelConfig) -> Any:
 def train_tokenizer(vocab_size: int) -> Any:
     """Byte-level BPE on the pydoc train split; `<s>` is prepended to every encoded text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    from trtbuild.core.data import pydoc_corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

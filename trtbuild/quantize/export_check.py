@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.core.errors import BuildError
+from trtbuild.quantize.evaluation import compare_logits
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +89,6 @@ def check_export(export_dir: Path, reference: Trace, base_logits: torch.Tensor, 
     then each limit is widened by twice the runtime's own 16-bit noise, measured on the same trace."""
     import torch
 
-    from trtbuild.quantize.evaluation import compare_logits
     from trtbuild.runtime import load_target
 
     dtype = dtype or torch.float32

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core.contract.hf_config import rewrite_config
 from trtbuild.core.errors import UserError
 from trtbuild.core.progress import Progress
 from trtbuild.core.safetensors_header import read_header
@@ -146,8 +147,6 @@ def export_hf(model: Any, out: Path) -> None:
     llama3 scaling, silently. The config is rewritten with top-level rope_theta / rope_scaling
     (and torch_dtype), the form every supported release reads (trtbuild/core/contract: hf_config)."""
     from modelopt.torch.export import export_hf_checkpoint
-
-    from trtbuild.core.contract.hf_config import rewrite_config
 
     with quiet():
         export_hf_checkpoint(model, export_dir=out)

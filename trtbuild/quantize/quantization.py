@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.data import sources
 from trtbuild.core.errors import BuildError, UserError
 from trtbuild.core.layout import QUANTIZED_HF
 from trtbuild.core.progress import Progress
 from trtbuild.core.stage_api import StageResult
+from trtbuild.quantize import evaluation, export_check, modelopt_fp8
 from trtbuild.quantize.config import QuantizeConfig
 
 # Eval windows the export check runs on (trtbuild/quantize/export_check.py has its limits).
@@ -52,8 +54,6 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
-
-    from trtbuild.quantize import evaluation, export_check, modelopt_fp8
 
     progress = progress or Progress()
     hf_logging.disable_progress_bar()  # transformers' tqdm bars would fight the stage's progress
@@ -167,8 +167,6 @@ def token_data(config: QuantizeConfig, tokenizer: Any, base_dir: Path | None) ->
     BOS first, as text reaches the model at inference: its large first-position activations
     belong in the calibrated ranges, and the gate scores what users will see.
     """
-    from trtbuild.core.data import sources
-
     cal, gate = config.calibration, config.gate
     cal_texts = sources.load_texts(cal.dataset, "train", tokenizer=tokenizer, base_dir=base_dir)
     cal_windows = sources.token_windows(tokenizer, cal_texts, cal.num_samples, cal.seq_len, cal.seed,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.data.sources import fingerprint
 from trtbuild.core.layout import MODEL_HF
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
@@ -31,8 +32,6 @@ class QuantizeStage(Stage):
     libraries = ("nvidia-modelopt", "torch", "transformers", "safetensors")
 
     def key_material(self, config: StageConfig, recipe: RecipeInfo) -> dict[str, Any]:
-        from trtbuild.core.data.sources import fingerprint
-
         assert isinstance(config, QuantizeConfig)
         base = _base_dir(recipe)
         return {"calibration_data": fingerprint(config.calibration.dataset, base_dir=base),

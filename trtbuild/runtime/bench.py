@@ -18,9 +18,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from trtbuild.core.data import pydoc_corpus
+from trtbuild.core.data.chat import record_prompt_ids
+from trtbuild.core.data.sources import _record
 from trtbuild.core.errors import UserError
 from trtbuild.core.progress import Progress
 from trtbuild.core.stage_api import StageConfig
+from trtbuild.runtime.stats import DecodeStats, acceptance_rates
 
 
 class BenchConfig(StageConfig):
@@ -59,8 +63,6 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int,
     records ({"messages": [...]}) rendered with the target's chat template as the served OpenAI
     endpoint renders them (trtbuild.core.data.chat), whatever their length. Relative paths start at
     `base_dir` (the recipe's directory)."""
-    from trtbuild.core.data.chat import record_prompt_ids
-
     records = _prompt_records(source, base_dir)
     try:
         from transformers import AutoTokenizer
@@ -80,16 +82,12 @@ def load_prompts(source: str, tokenizer_dir: Path, count: int, length: int,
 def record_prompts(tokenizer: Any, texts: list[str], count: int, length: int) -> list[list[int]]:
     """The first `length` tokens of `count` texts, evenly spaced over those long enough, encoded as
     the tokenizer encodes a prompt (BOS included): how requests start."""
-    from trtbuild.core.data.chat import record_prompt_ids
-
     return record_prompt_ids(tokenizer, list(texts), count, length)
 
 
 def _prompt_records(source: str, base_dir: Path | None = None) -> list[Any]:
     """Texts (str) and chats (lists of messages) of a bench prompt source."""
     if source == "pydoc-heldout":
-        from trtbuild.core.data import pydoc_corpus
-
         return list(pydoc_corpus.split()[1])
     path = Path(source).expanduser()
     if not path.is_absolute() and base_dir is not None:
@@ -98,8 +96,6 @@ def _prompt_records(source: str, base_dir: Path | None = None) -> list[Any]:
         raise UserError("prompt file not found", file=str(path), field="bench.prompts",
                         fix="use 'pydoc-heldout' or a .txt/.jsonl file (relative to the recipe's directory)")
     if path.suffix == ".jsonl":
-        from trtbuild.core.data.sources import _record
-
         records: list[Any] = []
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
@@ -132,7 +128,6 @@ def run_bench(target_dir: Path, draft_dir: Path | None, prompts: list[list[int]]
     from trtbuild.runtime.draft import load_draft
     from trtbuild.runtime.generate import Generator, SpecParams
     from trtbuild.runtime.sampling import SamplingParams
-    from trtbuild.runtime.stats import DecodeStats
     from trtbuild.runtime.target import load_target
 
     progress = progress or Progress()
@@ -225,8 +220,6 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _speculative_figures(stats: list[Any], max_draft_len: int) -> dict[str, Any]:
-    from trtbuild.runtime.stats import acceptance_rates
-
     accepted = [a for s in stats for a in s.accepted]
     draft_s = sum(s.draft_s for s in stats)
     verify_s = sum(s.target_s for s in stats)

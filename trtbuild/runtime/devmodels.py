@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from trtbuild.core.data import pydoc_corpus
+
 
 def _llama_config(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
                   max_positions: int, init_range: float):
@@ -64,8 +66,6 @@ def random_llama4(out_dir: Path, *, seed: int = 0, vocab: int = 256, hidden: int
 
 
 def corpus_bytes(split: str = "train") -> torch.Tensor:
-    from trtbuild.core.data import pydoc_corpus
-
     text = pydoc_corpus.train_text() if split == "train" else pydoc_corpus.heldout_text()
     return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
 

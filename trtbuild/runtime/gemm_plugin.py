@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from trtbuild.core import plugins
+
 MAX_TOKENS = 16
 FP8 = torch.float8_e4m3fn
 _KERNEL_BY_ARCH = {"sm_90a": "spatial_partition", "sm_100a": "spatial_partition",
@@ -57,7 +59,6 @@ class Fp8Gemm:
             self.weight, self.op = weight_fp8.contiguous(), None
             return
         kernel = "spatial_partition" if mode == "reference" else mode
-        from trtbuild.core import plugins
 
         arch = (arch_of_capability(*torch.cuda.get_device_capability(weight_fp8.device))
                 if weight_fp8.is_cuda else None) or "sm_90a"

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from trtbuild.runtime import fp8_exact
+from trtbuild.runtime.gemm_plugin import Fp8Gemm
 
 FP8_MAX = fp8_exact.FP8_MAX  # largest finite float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # computed through float32 where an op needs it
@@ -122,8 +123,6 @@ class Linear:
         self.bias = bias
         self.plugin = None
         if fp8 is not None and self.inv_scale is not None:
-            from trtbuild.runtime.gemm_plugin import Fp8Gemm
-
             self.plugin = Fp8Gemm.create(fp8[0].to(weight.device), fp8[1], self.inv_scale, weight.dtype)
 
     @property

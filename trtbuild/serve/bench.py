@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.serve.client import RequestFailed, Streamed, generate_stream
+from trtbuild.serve.textgen import GenRequest
 
 Baseline = Callable[[str, int], Streamed]
 
 
 def in_process(generator: Any, speculative: bool | None = None) -> Baseline:
     """A baseline measuring a TextGenerator the way the client measures the server."""
-    from trtbuild.serve.textgen import GenRequest
-
     def run(prompt: str, max_tokens: int) -> Streamed:
         out = Streamed()
         start = time.perf_counter()

@@ -13,8 +13,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.core.bundle_info import read_bundle
+from trtbuild.core.data.pydoc_corpus import heldout_text
 from trtbuild.core.errors import UserError
 from trtbuild.core.layout import BUNDLE
+from trtbuild.core.pbtxt import parameters_of, parse_config
+from trtbuild.serve import client
+from trtbuild.serve.bench import bench_server, in_process, plot, summarize, table
+from trtbuild.serve.loadgen import aiperf
+from trtbuild.serve.openai_api.text import PromptText
+from trtbuild.serve.server import TritonServer, serve
+from trtbuild.serve.textgen import generator_for_model, prompt_byte_limit
 
 if TYPE_CHECKING:
     from trtbuild.serve.openai_api.app import FrontConfig
@@ -50,10 +59,7 @@ def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
 
     from transformers import AutoTokenizer
 
-    from trtbuild.core.pbtxt import parameters_of, parse_config
     from trtbuild.serve.openai_api.app import FrontConfig
-    from trtbuild.serve.openai_api.text import PromptText
-    from trtbuild.serve.textgen import prompt_byte_limit
 
     params = parameters_of(parse_config(model_dir / "config.pbtxt"))
     tokenizer_dir = (model_dir / params["tokenizer_dir"]).resolve()
@@ -104,8 +110,6 @@ def serve_deployment(deploy_dir: Path, *, http_port: int | None = None, grpc_por
 
     Ports default to the recipe's deploy.http_port / grpc_port / metrics_port / openai_port;
     0 picks a free one."""
-    from trtbuild.serve.server import serve
-
     model_dir, info = local_model_dir(deploy_dir)
     ports = info["ports"]
     exit_timeout_s = info.get("exit_timeout_s", 30)
@@ -120,8 +124,6 @@ def serve_deployment(deploy_dir: Path, *, http_port: int | None = None, grpc_por
 
 def default_prompts(count: int = 8, chars: int = 80) -> list[str]:
     """Prompts from the held-out pydoc text (paragraph starts), the corpus the tiny target knows."""
-    from trtbuild.core.data.pydoc_corpus import heldout_text
-
     paragraphs = [p.strip() for p in heldout_text().split("\n\n") if len(p.strip()) >= chars]
     if not paragraphs:
         raise UserError("no held-out paragraph is long enough for a prompt", fix="pass prompts explicitly")
@@ -149,15 +151,11 @@ def bench_deployment(deploy_dir: Path, url: str, *, prompts: Sequence[str] | Non
     target "trtllm": the server runs the deployment's TensorRT-LLM repository (GPU host); requests
     use that model's field names (LLM-API: sampling_param_max_tokens / streaming) and there is no
     in-process baseline."""
-    from trtbuild.serve.bench import bench_server, in_process
-
     baseline = baseline and target == "local"
     model_dir, info = local_model_dir(deploy_dir) if baseline else (None, read_deployment(deploy_dir))
     model_name, fields = server_request(info, target)
     reference = None
     if model_dir is not None:
-        from trtbuild.serve.textgen import generator_for_model
-
         reference = in_process(generator_for_model(model_dir), speculative=speculative)
     return bench_server(url, list(prompts or default_prompts()), concurrency, model=model_name,
                         max_tokens=max_tokens, baseline=reference, speculative=speculative, out_dir=out_dir,
@@ -170,10 +168,6 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
     """For `make demo`: serve the deployment on free ports (Triton and the OpenAI API), answer one
     request through each, print the load-test table (with the in-process ratio), and stop cleanly."""
     from openai import OpenAI
-
-    from trtbuild.serve import client
-    from trtbuild.serve.bench import table
-    from trtbuild.serve.server import TritonServer
 
     model_dir, info = local_model_dir(deploy_dir)
     prompt = prompt or default_prompts(1, chars=60)[0]
@@ -217,10 +211,6 @@ def bench_openai(deploy_dir: Path, base_url: str, *, concurrency: Sequence[int] 
     prompts beside it when the deployment has a local model."""
     import requests
 
-    from trtbuild.core.bundle_info import read_bundle
-    from trtbuild.serve.bench import in_process, summarize
-    from trtbuild.serve.loadgen import aiperf
-
     base_url = base_url.rstrip("/")
     if not base_url.endswith("/v1"):
         raise UserError(f"{base_url} is not an OpenAI base URL", field="--server", fix="end it with /v1")
@@ -237,8 +227,6 @@ def bench_openai(deploy_dir: Path, base_url: str, *, concurrency: Sequence[int] 
                             out_dir=out_dir, progress=progress)
     info = read_deployment(deploy_dir)
     if baseline and info.get("local"):
-        from trtbuild.serve.textgen import generator_for_model
-
         model_dir, _ = local_model_dir(deploy_dir)
         run = in_process(generator_for_model(model_dir))
         run(prompts[0], 4)  # warm-up
@@ -266,8 +254,6 @@ def serving_criteria(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _save_report(report: dict[str, Any], out_dir: Path) -> None:
     import json
 
-    from trtbuild.serve.bench import plot
-
     out_dir.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot(report, out_dir / "bench_server.png"))
     (out_dir / "bench_server.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -278,8 +264,6 @@ def bench_local(deploy_dir: Path, *, loadgen: str = "aiperf", concurrency: Seque
                 progress: Any = None) -> dict[str, Any]:
     """`bench --server local`: serve the deployment on free ports (Triton and the OpenAI API), load it
     with AIPerf (or, loadgen builtin, trtbuild's own loop against Triton), stop it cleanly."""
-    from trtbuild.serve.server import TritonServer
-
     model_dir, info = local_model_dir(deploy_dir)
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtbuild.core.errors import BuildError, UserError
+from trtbuild.core.errors import BuildError, TrtbuildError, UserError
 
 HOST = "127.0.0.1"
 DRAIN_MARGIN_S = 15  # after the drain file: time for the model to cut its requests and unload
@@ -751,8 +751,6 @@ def serve(repositories: Sequence[Path], *, http_port: int = 8000, grpc_port: int
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m trtbuild.serve.server REPO [REPO ...]`: serve model repositories on 127.0.0.1."""
     import argparse
-
-    from trtbuild.core.errors import TrtbuildError
 
     parser = argparse.ArgumentParser(prog="python -m trtbuild.serve.server", description=main.__doc__)
     parser.add_argument("repositories", nargs="+", type=Path)

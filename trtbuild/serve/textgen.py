@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtbuild.core.errors import UserError
+from trtbuild.core.pbtxt import parameters_of, parse_config
 
 # How token ids become text, everywhere (server, baseline, tests).
 DECODE_KWARGS = {"clean_up_tokenization_spaces": False}
@@ -192,6 +193,4 @@ def generator_from_params(params: dict[str, str], model_dir: Path) -> TextGenera
 
 def generator_for_model(model_dir: Path) -> TextGenerator:
     """Build the generator of a local repository's model directory from its config.pbtxt."""
-    from trtbuild.core.pbtxt import parameters_of, parse_config
-
     return generator_from_params(parameters_of(parse_config(model_dir / "config.pbtxt")), model_dir)

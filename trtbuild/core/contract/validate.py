@@ -14,6 +14,7 @@ from typing import Any
 
 from trtbuild.core.contract.model import Contract, Violation
 from trtbuild.core.errors import UserError
+from trtbuild.core.safetensors_header import read_header
 
 _TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,),
                                        "list": (list, tuple, set), "dict": (dict,)}
@@ -241,8 +242,6 @@ def check_draft_tensors(names: Iterable[str], contract: Contract,
 
 
 def check_draft_dir(directory: Path, contract: Contract, where: str = "draft") -> list[Violation]:
-    from trtbuild.core.safetensors_header import read_header
-
     names: list[str] = []
     for file in sorted(Path(directory).glob("*.safetensors")):
         names += list(read_header(file))

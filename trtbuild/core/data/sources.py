@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trtbuild.core.data import pydoc_corpus
 from trtbuild.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -112,8 +113,6 @@ class TextSource(BaseModel):
 def load_records(source: TextSource, split: Split, *, base_dir: Path | None = None) -> list[Record]:
     """Texts (str) and chats (list of {role, content}) of `source`, in file order."""
     if source.kind == "pydoc":
-        from trtbuild.core.data import pydoc_corpus
-
         train, heldout = pydoc_corpus.split()
         records: list[Record] = list(train if split == "train" else heldout)
     elif source.kind == "file":

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from trtbuild.serve.listener import BodyError, read_body
 from trtbuild.serve.openai_api.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, parse
 from trtbuild.serve.openai_api.text import PromptText, StopText
 from trtbuild.serve.openai_api.upstream import generate_stream
@@ -79,8 +80,6 @@ async def openai_errors(request: web.Request, handler: Callable[[web.Request], A
 
 
 async def _body(request: web.Request) -> Any:
-    from trtbuild.serve.listener import BodyError, read_body
-
     charset = request.charset or "utf-8"
     try:
         codecs.lookup(charset)

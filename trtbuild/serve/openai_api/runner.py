@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from trtbuild.core.errors import UserError
+from trtbuild.serve.listener import Limits, Listener, handler_settings
 from trtbuild.serve.openai_api.app import FrontConfig, create_app
 
 HOST = "127.0.0.1"
@@ -41,8 +42,6 @@ class OpenAIFront:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            from trtbuild.serve.listener import Limits, Listener, handler_settings
-
             self._listener = Listener(Limits.from_fd_limit())
             self.port = self._listener.bind(self.host, self.port)
             self._runner = web.AppRunner(create_app(self.config, self._listener.middleware),
