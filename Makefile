@@ -1,4 +1,4 @@
-# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`. `make test-all` is what CI runs.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -26,7 +26,7 @@ BENCH_SERVER ?= local
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed
 
-.PHONY: demo test test-fast test-trtllm11 venv-trtllm11 lint validate plan build deploy bench aiperf clean-venv
+.PHONY: demo test test-all test-fast test-trtllm11 venv-trtllm11 lint typecheck validate plan build deploy bench aiperf clean-venv
 
 ifdef SYSTEM_PYTHON
 # GPU hosts: use the Python that has TensorRT-LLM and CUDA torch (e.g. the TensorRT-LLM container's),
@@ -61,7 +61,15 @@ $(AIPERF_STAMP): requirements-aiperf.txt
 
 aiperf: $(AIPERF_STAMP)
 
-test: $(STAMP) $(STAMP11) $(AIPERF_STAMP)
+# The README's test command: the default suite and the few end-to-end runs marked `e2e` (real Triton
+# serving), in the .venv alone; the slow lane (`slow`: training, real-checkpoint and long end-to-end
+# runs) and the second environment are `make test-all`'s.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m "not slow or e2e"
+
+# Everything, what CI runs (.ci/run): lint and the type check, every test, then the trtllm11 environment.
+test-all: $(STAMP) $(STAMP11) $(AIPERF_STAMP)
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -q -ra
 	$(MAKE) --no-print-directory test-trtllm11
 
@@ -82,6 +90,12 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check trtbuild tests bench scripts plugins
+	$(MAKE) --no-print-directory typecheck
+
+# mypy with the pydantic plugin on the app and every section's config ([tool.mypy] in pyproject.toml):
+# a misspelled or renamed recipe field read there fails.
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 # Exit status: make exits non-zero when any recipe fails; trtbuild itself exits 2 on a bad recipe
 # (one line naming file, line, field and fix) and 1 on a failed check (accuracy gate, compatibility).

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.cli import main
 from trtbuild.cli import common as cli
+from trtbuild.cli import main
 from trtbuild.core.cache import LAST_USED, MARKER, ArtifactCache
 
 

@@ -95,12 +95,14 @@ def test_endpoints_printed(served: Served) -> None:
     assert {t["name"] for t in meta["inputs"]} >= {"text_input", "max_tokens", "stream"}
 
 
+@pytest.mark.e2e  # `make test` keeps it: a built deployment served by a real tritonserver, HTTP
 def test_http_generate_equals_in_process(served: Served, reference: dict) -> None:
     for prompt in PROMPTS:
         answer = client.generate(served.http, "llm", prompt, MAX_TOKENS)
         assert (answer.text, answer.token_ids) == reference[prompt]
 
 
+@pytest.mark.e2e  # and gRPC streaming
 def test_grpc_stream_equals_in_process(served: Served, reference: dict) -> None:
     for prompt in PROMPTS:
         answer = client.stream_grpc(served.grpc, "llm", prompt, MAX_TOKENS)
