@@ -4,7 +4,7 @@
 
 Runs the draft stage twice on the same target, `draft.train.processes` ranks (gloo), 2 training
 steps on a small raw-text pool: `target_sharding: none` (every rank loads the whole target) and
-`fsdp` (eagle3/sharded_load.py: meta-device build, each rank reads its rows). Prints each run's
+`fsdp` (draft/sharded_load.py: meta-device build, each rank reads its rows). Prints each run's
 bytes read per rank, peak host memory per rank after loading and overall (the max over ranks),
 layer parameters per rank, training step time and final loss (equal losses: same computation).
 """

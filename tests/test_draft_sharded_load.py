@@ -1,4 +1,4 @@
-"""The FSDP2 target built on the meta device and read shard by shard (eagle3/sharded_load.py) is the
+"""The FSDP2 target built on the meta device and read shard by shard (draft/sharded_load.py) is the
 target a whole load gives. One gloo rank here; two ranks, each reading half of every layer, run in
 tests/test_draft_distributed.py (slow)."""
 

@@ -116,7 +116,7 @@ def test_ngram_source_builds_nothing_and_measures_prompt_lookup(model_artifact: 
 
 def test_gate_needs_an_evaluation() -> None:
     config = DraftConfig(**{**SMALL, "eval": {"prompts": 0}, "gate": {"min_acceptance_length": 2.0}})
-    from trtbuild.draft.stage import _gate
+    from trtbuild.draft.acceptance import gate as _gate
 
     with pytest.raises(UserError, match="evaluation is off"):
         _gate(config, {"acceptance_length": None})

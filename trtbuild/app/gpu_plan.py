@@ -134,13 +134,13 @@ def _checkpoint_quant(recipe: Recipe) -> str | None:
 
 
 def _target_fit(draft: Any, settings: Any, world: int, target_bytes: float) -> list[str]:
-    """How the BF16 target is held by online training when it exceeds one GPU (eagle3/sharding.py)."""
+    """How the BF16 target is held by online training when it exceeds one GPU (draft/sharding.py)."""
     from trtbuild.draft.sharding import AUTO_SHARE_OF_GPU, resolve
 
     gpu = ONE_GPU_GB * 1e9
     if draft.hidden_states == "offline" or target_bytes <= AUTO_SHARE_OF_GPU * gpu:
         return []
-    # what the stage decides on a GPU host (eagle3/build.py), with this plan's GPU size
+    # what the stage decides on a GPU host (draft/build.py), with this plan's GPU size
     sharding = resolve(getattr(settings, "target_sharding", "none"), "cuda", world, int(target_bytes), int(gpu))
     if sharding == "fsdp":
         per_rank = target_bytes / world

@@ -1,8 +1,8 @@
 """The bundle a recipe would write, against its release's contract, before any build.
 
 `trtbuild validate` / `plan` / `build` render the options and the launch command from the recipe
-alone (the target's stand-in config for shapes) with the bundle's own code (trtllm/bundle.py), and
-check them with trtllm/conformance.py. Kept apart from both so that the bundle can use the
+alone (the target's stand-in config for shapes) with the bundle's own code (engine/bundle.py), and
+check them with engine/conformance.py. Kept apart from both so that the bundle can use the
 conformance checks without the conformance checks importing the bundle back.
 """
 

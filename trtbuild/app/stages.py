@@ -1,4 +1,5 @@
-"""The stages, in pipeline order. Adding a stage = a module here + one line in `all_stages`."""
+"""The stages, in pipeline order. Adding a stage: its package (trtbuild/<name>/config.py, stage.py), a
+line in `all_stages`, its name in STAGE_ORDER (core/layout.py) and a field in app/recipe.py's Recipe."""
 
 from __future__ import annotations
 

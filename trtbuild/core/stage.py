@@ -2,8 +2,8 @@
 
 The pipeline (trtbuild/app/pipeline.py) owns keys, the cache, manifests and output links; a stage
 only reads its inputs' artifact directories and writes files into `ctx.out_dir`.
-Stage modules must import heavy libraries (torch, transformers, modelopt) inside `run`, never at
-module level: `trtbuild plan` and a fully cached build must not pay for them.
+Stage modules and what they import at module level must not import heavy libraries (torch,
+transformers, modelopt): `trtbuild plan` and a fully cached build must not pay for them.
 """
 
 from __future__ import annotations

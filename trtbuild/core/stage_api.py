@@ -1,10 +1,9 @@
-"""What a stage's work gets and gives, below both the stages and the packages that do the work.
+"""What a stage's work gets and gives, in core, below the sections and the app.
 
-`StageConfig` is the base of every recipe section's config (each lives with the package that does
-its stage's work: trtbuild/draft/config.py, trtbuild/engine/config.py, ...); `StageContext` is what
-that work reads (finished input artifacts, a fresh output directory, progress) and `StageResult`
-what it returns. The stages (trtbuild/stages/) and the pipeline import this module; it imports
-neither, so implementation packages never have to import `trtbuild.app.stages`.
+`StageConfig` is the base of every recipe section's config (each section's config.py:
+trtbuild/draft/config.py, trtbuild/engine/config.py, ...); `StageContext` is what that work reads
+(the recipe as `RecipeInfo`, finished input artifacts, a fresh output directory, progress) and
+`StageResult` what it returns. The sections' stage modules and the pipeline import this module.
 """
 
 from __future__ import annotations

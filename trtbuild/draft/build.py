@@ -2,7 +2,7 @@
 conversion -> training -> export.
 
 Training runs in this process (`draft.train` at one process: CPU float32, or CUDA with a bf16 target)
-or in torchrun ranks (eagle3/distributed.py) that start from this process's converted draft and hand
+or in torchrun ranks (draft/distributed.py) that start from this process's converted draft and hand
 the trained weights back; either way this process exports.
 
 The training pool (trtbuild/draft/draft_data.py) and, offline, the target's hidden states
@@ -185,7 +185,7 @@ def training_placement(config: DraftConfig, target_bytes: int = 0) -> dict[str, 
 
 
 def _target_sharding(config: DraftConfig, device: str, target_bytes: int, target_dtype: str) -> str:
-    """fsdp or none (eagle3/sharding.py); target_bytes: the checkpoint's files, taken as 16-bit weights."""
+    """fsdp or none (draft/sharding.py); target_bytes: the checkpoint's files, taken as 16-bit weights."""
     from trtbuild.draft.sharding import resolve
 
     if config.hidden_states == "offline":

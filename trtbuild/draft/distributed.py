@@ -1,6 +1,6 @@
 """Draft training in several processes: torchrun launches the ranks, DDP averages the draft's gradients.
 
-The stage (eagle3/build.py) prepares everything once in its own process: the training pool, the
+The stage (draft/build.py) prepares everything once in its own process: the training pool, the
 draft vocabulary and the converted model's initial draft weights, written into the resume dir as
 safetensors with a JSON job file. It then runs `python -m torch.distributed.run ... -m
 trtbuild.draft.distributed <job.json>` (one node) or the same under `srun` (several nodes, Slurm,
@@ -49,7 +49,7 @@ class TrainJob:
     target_dtype: str  # how each rank loads the target: float32 (CPU) or bfloat16 (CUDA)
     backend: str  # gloo | nccl
     hidden_dir: str | None = None  # offline: the hidden-state shard set the ranks train from
-    target_sharding: str = "none"  # fsdp: each rank holds 1/world of the target's layers (eagle3/sharding.py)
+    target_sharding: str = "none"  # fsdp: each rank holds 1/world of the target's layers (draft/sharding.py)
 
 
 def resolve_device(device: str) -> str:

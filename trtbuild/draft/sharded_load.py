@@ -3,7 +3,7 @@
 Loading the whole checkpoint on every rank and sharding it afterwards puts one full copy per rank in
 host memory (8 per node): for the models sharding exists for, more than a node has. Here the target
 is built with its parameters on the meta device (no memory; buffers such as RoPE's inverse
-frequencies are computed for real), converted to EAGLE-3 and sharded there (eagle3/sharding.py);
+frequencies are computed for real), converted to EAGLE-3 and sharded there (draft/sharding.py);
 then each rank allocates its own shards and reads just those rows from the safetensors files
 (`safe_open(...).get_slice`: a memory-mapped read of the rows asked for). Embeddings, final norm and
 lm_head stay whole (see sharding.py) and are read whole. The draft starts from the stage's init

@@ -14,42 +14,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from trtbuild.core.cache import default_root, resume_in_use
 from trtbuild.core.code_version import code_version
 from trtbuild.core.data.sources import fingerprint
-from trtbuild.core.errors import BuildError, UserError
-from trtbuild.core.hf_files import hub_snapshot_commit, hub_snapshot_dir, pickle_files, refuse_pickles
+from trtbuild.core.errors import UserError
+from trtbuild.core.hf_files import hub_snapshot_commit
 from trtbuild.core.layout import DRAFT_EAGLE3, MODEL_HF
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
+from trtbuild.draft.acceptance import evaluate, gate, numel, seeds
 from trtbuild.draft.build import train_draft
 from trtbuild.draft.compat import check_compatible
 from trtbuild.draft.config import DraftConfig, DraftEval, DraftGate
-from trtbuild.draft.evaluate import evaluate_draft
 from trtbuild.draft.format import read_draft
-from trtbuild.draft.pickled import PUBLISHED, check_archive, convert_into, is_published_pickle_draft
-from trtbuild.model.config import ModelConfig
+from trtbuild.draft.loaded import copy_draft, known_target_dir, loaded_dir, pickled, where
+from trtbuild.draft.pickled import convert_into
 
 __all__ = ["DraftConfig", "DraftEval", "DraftGate", "DraftStage", "resume_dir"]
-
-_HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
-
-
-def _hub_dir(config: DraftConfig) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(config.repo_id, revision=config.revision, local_files_only=True,
-                                      allow_patterns=_HUB_PATTERNS))
-    except LocalEntryNotFoundError:
-        raise UserError(f"draft '{config.repo_id}' ({config.revision}) is not in the local HF cache",
-                        field="draft.repo_id",
-                        fix=f"run `hf download {config.repo_id}` on a connected machine") from None
 
 
 def resume_dir(config: DraftConfig, target_key: str) -> Path:
@@ -75,7 +59,6 @@ class DraftStage(Stage):
 
     def key_material(self, config: StageConfig, recipe: RecipeInfo) -> dict[str, Any]:
         assert isinstance(config, DraftConfig)
-
         base = recipe.base_dir
         eval_source = config.eval.dataset
         material: dict[str, Any] = {"eval_dataset": None if eval_source is None else fingerprint(eval_source, base_dir=base)}
@@ -96,15 +79,15 @@ class DraftStage(Stage):
         if config.source not in ("path", "hub"):
             return []
         try:
-            draft_dir = self._loaded_dir(config, recipe)
+            draft_dir = loaded_dir(config, recipe)
         except UserError as exc:
             # Without the target's weights (a stand-in speaks for it) the draft is absent too:
             # `plan` lists the download and `build` refuses at the model stage.
             return [] if recipe.uses_standin() else [exc.one_line()]
         try:
-            target_dir = _known_target_dir(recipe)
-            if target_dir is not None and not _pickled(draft_dir):  # a pickle is checked once converted
-                check_compatible(draft_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
+            target_dir = known_target_dir(recipe)
+            if target_dir is not None and not pickled(draft_dir):  # a pickle is checked once converted
+                check_compatible(draft_dir, target_dir, ignore=config.compat_ignore, where=where(config))
         except UserError as exc:
             return [exc.one_line()]
         return []
@@ -131,13 +114,13 @@ class DraftStage(Stage):
             metrics.update(trained["metrics"])
             info.update(trained["info"])
         else:
-            source_dir = self._loaded_dir(config, ctx.recipe)
-            if _pickled(source_dir):  # published as pytorch_model.bin: weights-only load, safetensors copy
-                info["converted"] = convert_into(source_dir, out, _where(config), ctx.progress.log)
-                check_compatible(out, target_dir, ignore=config.compat_ignore, where=_where(config))
+            source_dir = loaded_dir(config, ctx.recipe)
+            if pickled(source_dir):  # published as pytorch_model.bin: weights-only load, safetensors copy
+                info["converted"] = convert_into(source_dir, out, where(config), ctx.progress.log)
+                check_compatible(out, target_dir, ignore=config.compat_ignore, where=where(config))
             else:
-                check_compatible(source_dir, target_dir, ignore=config.compat_ignore, where=_where(config))
-                _copy_draft(source_dir, out)
+                check_compatible(source_dir, target_dir, ignore=config.compat_ignore, where=where(config))
+                copy_draft(source_dir, out)
             info["loaded_from"] = str(source_dir.resolve())
             info["compat_ignored"] = list(config.compat_ignore)
 
@@ -148,9 +131,9 @@ class DraftStage(Stage):
         info["format"] = {"config": "config.json (LlamaForCausalLMEagle3)", "weights": "model.safetensors"}
         metrics.update({"draft_vocab_size": draft.draft_vocab_size(),
                         "aux_layers": draft.aux_layer_ids(),
-                        "draft_parameters": sum(_numel(t.shape) for t in draft.tensors.values())})
-        metrics.update(_evaluate(config, ctx, target_dir, out))
-        _gate(config, metrics, _seeds(config, ctx.recipe))
+                        "draft_parameters": sum(numel(t.shape) for t in draft.tensors.values())})
+        metrics.update(evaluate(config, ctx, target_dir, out))
+        gate(config, metrics, seeds(config, ctx.recipe))
         return StageResult(metrics=metrics, info=info)
 
     @staticmethod
@@ -161,92 +144,6 @@ class DraftStage(Stage):
         (ctx.out_dir / "ngram.json").write_text(json.dumps(
             {"decoding_type": "NGram", "max_draft_len": config.max_draft_len,
              "max_matching_ngram_size": config.max_matching_ngram_size}, indent=2) + "\n")
-        metrics.update(_evaluate(config, ctx, ctx.input("model").path / MODEL_HF, None))
-        _gate(config, metrics, _seeds(config, ctx.recipe))
+        metrics.update(evaluate(config, ctx, ctx.input("model").path / MODEL_HF, None))
+        gate(config, metrics, seeds(config, ctx.recipe))
         return StageResult(metrics=metrics, info={"source": "ngram", "draft": None})
-
-    @staticmethod
-    def _loaded_dir(config: DraftConfig, recipe: RecipeInfo) -> Path:
-        if config.source == "path":
-            directory = recipe.resolve_path(config.path)
-            if not directory.is_dir():
-                raise UserError(f"directory not found: {directory}", field="draft.path",
-                                fix="give an existing EAGLE-3 draft directory")
-        else:
-            directory = _hub_dir(config)
-
-        if is_published_pickle_draft(directory, pickle_files(directory)):
-            check_archive(directory / PUBLISHED, _where(config))
-        else:
-            refuse_pickles(directory, _where(config))
-        return directory
-
-
-def _pickled(directory: Path) -> bool:
-    return is_published_pickle_draft(directory, pickle_files(directory))
-
-
-def _where(config: DraftConfig) -> str:
-    return "draft.path" if config.source == "path" else "draft.repo_id"
-
-
-def _known_target_dir(recipe: RecipeInfo) -> Path | None:
-    """The target's directory when it exists before the build (model.source path or hub)."""
-    model = recipe.section(ModelConfig)
-    if model is None or model.source not in ("path", "hub"):
-        return None
-    if model.source == "path":
-        directory = recipe.resolve_path(model.path)
-        return directory if (directory / "config.json").is_file() else None
-    directory = hub_snapshot_dir(model.repo_id or "", model.revision)
-    return directory if directory is not None and (directory / "config.json").is_file() else None
-
-
-def _copy_draft(source: Path, out: Path) -> None:
-    out.mkdir(parents=True)
-    for file in sorted(source.iterdir()):
-        if file.is_file() and not file.name.startswith("."):
-            shutil.copyfile(file.resolve(), out / file.name)
-
-
-def _numel(shape: list[int]) -> int:
-    total = 1
-    for dim in shape:
-        total *= dim
-    return total
-
-
-def _evaluate(config: DraftConfig, ctx: StageContext, target_dir: Path, draft_dir: Path | None
-              ) -> dict[str, Any]:
-    """tau on the eval prompts: of the EAGLE-3 draft in draft_dir, or of n-gram lookup (None)."""
-    if config.eval.prompts == 0:
-        return {"acceptance_length": None}
-
-    return evaluate_draft(target_dir, draft_dir, config.eval, config.max_draft_len, ctx,
-                          max_matching_ngram_size=config.max_matching_ngram_size)
-
-
-def _seeds(config: DraftConfig, recipe: RecipeInfo) -> str:
-    """The seeds that shaped the measured tau: the draft's, and the tiny target's when it is one."""
-    seeds = f"draft.seed {config.seed}"
-    model = recipe.section(ModelConfig)
-    if model is not None and model.source == "tiny":
-        seeds += f", model.tiny.seed {model.tiny.seed}"
-    return seeds
-
-
-def _gate(config: DraftConfig, metrics: dict[str, Any], seeds: str = "") -> None:
-    wanted = config.gate.min_acceptance_length
-    if wanted is None:
-        return
-    tau = metrics.get("acceptance_length")
-    if tau is None:
-        raise UserError("draft.gate.min_acceptance_length is set but the evaluation is off (eval.prompts: 0)",
-                        field="draft.gate.min_acceptance_length", fix="set draft.eval.prompts > 0")
-    if tau < wanted:
-        error = BuildError(f"measured acceptance length {tau:.3f} < gate {wanted} at max_draft_len "
-                           f"{config.max_draft_len} ({config.eval.mode}, {seeds or 'seed unknown'})",
-                           field="draft.gate.min_acceptance_length",
-                           fix="train longer (draft.steps / draft.samples) or lower the gate")
-        error.metrics = dict(metrics)  # type: ignore[attr-defined]  # reported by `build --json`
-        raise error

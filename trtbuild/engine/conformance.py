@@ -2,7 +2,7 @@
 
 `serve_spec` is the one place the launchers' trtllm-serve command is assembled, so the bundle and
 the checks before a build see the same argv. `bundle_violations` checks what a bundle holds;
-`recipe_violations` (trtllm/recipe_conformance.py) renders the options and launch command from the
+`recipe_violations` (app/recipe_conformance.py) renders the options and launch command from the
 recipe alone (the target's stand-in config for shapes), for `trtbuild validate` / `plan` / `build`
 before any work. Both cover
 how the GEMM-plugin module is loaded: PYTHONPATH on every release, the custom-module flag where the

@@ -1,0 +1,72 @@
+"""Where a loaded draft (`source: path` / `hub`) comes from: the directory, the local HF cache (never
+downloaded), the refusal of pickles (a published pytorch_model.bin is converted, weights only), and
+the target's directory when it exists before the build (for the compatibility check)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from trtbuild.core.errors import UserError
+from trtbuild.core.hf_files import hub_snapshot_dir, pickle_files, refuse_pickles
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.draft.config import DraftConfig
+from trtbuild.draft.pickled import PUBLISHED, check_archive, is_published_pickle_draft
+from trtbuild.model.config import ModelConfig
+
+HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+def hub_dir(config: DraftConfig) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(config.repo_id, revision=config.revision, local_files_only=True,
+                                      allow_patterns=HUB_PATTERNS))
+    except LocalEntryNotFoundError:
+        raise UserError(f"draft '{config.repo_id}' ({config.revision}) is not in the local HF cache",
+                        field="draft.repo_id",
+                        fix=f"run `hf download {config.repo_id}` on a connected machine") from None
+
+
+def pickled(directory: Path) -> bool:
+    return is_published_pickle_draft(directory, pickle_files(directory))
+
+
+def where(config: DraftConfig) -> str:
+    return "draft.path" if config.source == "path" else "draft.repo_id"
+
+
+def known_target_dir(recipe: RecipeInfo) -> Path | None:
+    """The target's directory when it exists before the build (model.source path or hub)."""
+    model = recipe.section(ModelConfig)
+    if model is None or model.source not in ("path", "hub"):
+        return None
+    if model.source == "path":
+        directory = recipe.resolve_path(model.path)
+        return directory if (directory / "config.json").is_file() else None
+    directory = hub_snapshot_dir(model.repo_id or "", model.revision)
+    return directory if directory is not None and (directory / "config.json").is_file() else None
+
+
+def copy_draft(source: Path, out: Path) -> None:
+    out.mkdir(parents=True)
+    for file in sorted(source.iterdir()):
+        if file.is_file() and not file.name.startswith("."):
+            shutil.copyfile(file.resolve(), out / file.name)
+
+
+def loaded_dir(config: DraftConfig, recipe: RecipeInfo) -> Path:
+    if config.source == "path":
+        directory = recipe.resolve_path(config.path)
+        if not directory.is_dir():
+            raise UserError(f"directory not found: {directory}", field="draft.path",
+                            fix="give an existing EAGLE-3 draft directory")
+    else:
+        directory = hub_dir(config)
+    if is_published_pickle_draft(directory, pickle_files(directory)):
+        check_archive(directory / PUBLISHED, where(config))
+    else:
+        refuse_pickles(directory, where(config))
+    return directory
