@@ -15,6 +15,7 @@ from typing import Any
 
 from trtbuild.app.recipe import Recipe
 from trtbuild.core.contract import load_contract
+from trtbuild.draft.config import DraftConfig, DraftTraining
 from trtbuild.engine.checkpoint_quant import quant_of_dir
 from trtbuild.model.source import hf_cache_dir, target_hf_config, text_config, uses_standin
 
@@ -133,7 +134,7 @@ def _checkpoint_quant(recipe: Recipe) -> str | None:
     return quant.get("quant_algo") if isinstance(quant, dict) else None
 
 
-def _target_fit(draft: Any, settings: Any, world: int, target_bytes: float) -> list[str]:
+def _target_fit(draft: DraftConfig, settings: DraftTraining, world: int, target_bytes: float) -> list[str]:
     """How the BF16 target is held by online training when it exceeds one GPU (draft/sharding.py)."""
     from trtbuild.draft.sharding import AUTO_SHARE_OF_GPU, resolve
 
@@ -141,7 +142,7 @@ def _target_fit(draft: Any, settings: Any, world: int, target_bytes: float) -> l
     if draft.hidden_states == "offline" or target_bytes <= AUTO_SHARE_OF_GPU * gpu:
         return []
     # what the stage decides on a GPU host (draft/build.py), with this plan's GPU size
-    sharding = resolve(getattr(settings, "target_sharding", "none"), "cuda", world, int(target_bytes), int(gpu))
+    sharding = resolve(settings.target_sharding, "cuda", world, int(target_bytes), int(gpu))
     if sharding == "fsdp":
         per_rank = target_bytes / world
         verdict = "fits" if per_rank <= AUTO_SHARE_OF_GPU * gpu else "!! still exceeds half of"

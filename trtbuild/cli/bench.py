@@ -58,7 +58,7 @@ def _bench(recipe: str, overrides: tuple[str, ...], server_url: str | None, conc
         eagle3 = artifacts["draft"] / DRAFT_EAGLE3 if "draft" in artifacts else None
         draft_dir = eagle3 if eagle3 is not None and eagle3.is_dir() else None  # none: plain vs n-gram
         target = served_checkpoint(artifacts)
-        draft = getattr(loaded, "draft", None)
+        draft = loaded.draft
         config = loaded.bench or BenchConfig(max_draft_len=draft.max_draft_len if draft else 3)
         out = bench_dir(loaded) / "bench.json"
         report = run_bench(target, draft_dir, None, config, out_path=out,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
 from trtbuild.cli.common import artifact_cache, cli, print_json
-from trtbuild.core.cache import dir_size
+from trtbuild.core.cache import Entry, dir_size
 
 
 @cli.group()
@@ -20,7 +21,8 @@ def cache() -> None:
 def cache_ls(as_json: bool) -> None:
     """List cached artifacts, interrupted draft trainings (resume) and entries with a broken manifest."""
     store = artifact_cache()
-    rows, broken = [], []
+    rows: list[dict[str, Any]] = []
+    broken: list[str] = []
     for entry in store.entries():
         manifest = entry.manifest_or_none()
         if manifest is None:
@@ -48,8 +50,8 @@ def cache_ls(as_json: bool) -> None:
         table.add_row(row["stage"], row["key"][:12], str(row["recipe"]), str(row["created"]),
                       f"{row['bytes'] / 1e6:.1f}")
     Console().print(table)
-    for path in broken:
-        click.echo(f"broken manifest (skipped; `cache gc` removes it): {path}")
+    for name in broken:
+        click.echo(f"broken manifest (skipped; `cache gc` removes it): {name}")
 
 
 def _days(ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -72,7 +74,9 @@ def cache_gc(days: float, dry_run: bool) -> None:
     store.require_marked("collect")  # a directory that is not a trtbuild cache: one line, exit 2
     cutoff = time.time() - days * 86400
     verb = "would remove" if dry_run else "removed"
-    doomed, broken, leased = [], [], []
+    doomed: list[Entry] = []
+    broken: list[Entry] = []
+    leased: list[Entry] = []
     for entry in store.entries():
         if entry.manifest_or_none() is not None and store.last_used(entry) >= cutoff:
             continue

@@ -4,26 +4,28 @@ output helpers, and `built` (build up to a stage and lease what is served or mea
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 
 from trtbuild.app import pipeline
 from trtbuild.app.preflight import preflight
-from trtbuild.app.recipe import load_recipe
+from trtbuild.app.recipe import Recipe, load_recipe
 from trtbuild.core.cache import ArtifactCache
 from trtbuild.core.progress import Progress
+from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.safepaths import ensure_inside, mark_output_dir
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                            help="Override a recipe field, e.g. --set quantize.gate.max_perplexity_ratio=1.05")
 
 
-def load(recipe_path: str, overrides: tuple[str, ...]) -> Any:
+def load(recipe_path: str, overrides: tuple[str, ...]) -> Recipe:
     return load_recipe(recipe_path, list(overrides))
 
 
-def artifact_cache() -> Any:
+def artifact_cache() -> ArtifactCache:
     return ArtifactCache()
 
 
@@ -60,7 +62,7 @@ def cli() -> None:
     """Build an FP8 + EAGLE-3 TensorRT-LLM deployment from one YAML recipe."""
 
 
-def built(recipe: str, overrides: tuple[str, ...], until: str, progress_enabled: bool) -> tuple[Any, dict]:
+def built(recipe: str, overrides: tuple[str, ...], until: str, progress_enabled: bool) -> tuple[Recipe, dict[str, Path]]:
     """Build (usually all cached) up to `until`; return the recipe and {stage: artifact path}."""
     loaded = load(recipe, overrides)
     preflight(loaded)
@@ -76,7 +78,7 @@ def built(recipe: str, overrides: tuple[str, ...], until: str, progress_enabled:
 LEASES: list[int] = []  # lock file descriptors, released by the process's exit
 
 
-def bench_dir(loaded: Any) -> Any:
+def bench_dir(loaded: RecipeInfo) -> Path:
     """<output_dir>/bench, proven to stay inside the output dir (a planted symlink is refused)."""
     mark_output_dir(loaded.output_path)
     return ensure_inside(loaded.output_path / "bench", [loaded.output_path], "write into")

@@ -21,6 +21,7 @@ from trtbuild.core.bundle_info import BundleInfo
 from trtbuild.core.contract import load_contract
 from trtbuild.core.contract import validate as cv
 from trtbuild.core.shell import Raw, comment_safe, default_assignment, env_exports, quote, word
+from trtbuild.deploy.config import DeployConfig
 
 CONTAINER_REPO_SRC = "/opt/trtbuild/repo_src"
 CONTAINER_LAUNCH = "/opt/trtbuild/launch"
@@ -67,13 +68,13 @@ def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[s
     )
 
 
-def docker_script(config: Any, bundle: BundleInfo) -> str:
+def docker_script(config: DeployConfig, bundle: BundleInfo) -> str:
     """Every recipe value is quoted; ports are published on deploy.trtllm.publish_address only
     (127.0.0.1 unless the recipe opens them wider)."""
     mount = config.trtllm.bundle_mount
     env_flags = "".join(f" -e {k}" for k in sorted(bundle.env))
     http, grpc, metrics = config.http_port, config.grpc_port, config.metrics_port
-    address = getattr(config.trtllm, "publish_address", "127.0.0.1")
+    address = config.trtllm.publish_address
     host = f"[{address}]" if ":" in address else address
     bundle_volume = word(Raw('"$BUNDLE"'), f":{mount}:ro")
     publish = " ".join(f"-p {quote(f'{host}:{port}:{inner}')}"

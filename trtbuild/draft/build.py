@@ -232,7 +232,7 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
     else:
         script = resume / dist_train.SLURM_SCRIPT
         script.write_text(dist_train.slurm_script(job_file, settings.processes, settings.nodes, settings.slurm,
-                                                  getattr(ctx.recipe, "name", "") or ""))
+                                                  ctx.recipe.name))
         script.chmod(0o755)
         raise UserError(f"draft.train.nodes {settings.nodes} needs a Slurm allocation of that many nodes; "
                         f"the job is prepared: sbatch {script}, then run the same build again",

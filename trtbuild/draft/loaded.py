@@ -21,6 +21,7 @@ def hub_dir(config: DraftConfig) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    assert config.repo_id is not None  # required by the config's validator for this source
     try:
         return Path(snapshot_download(config.repo_id, revision=config.revision, local_files_only=True,
                                       allow_patterns=HUB_PATTERNS))
@@ -44,10 +45,11 @@ def known_target_dir(recipe: RecipeInfo) -> Path | None:
     if model is None or model.source not in ("path", "hub"):
         return None
     if model.source == "path":
+        assert model.path is not None  # required by the config's validator for this source
         directory = recipe.resolve_path(model.path)
         return directory if (directory / "config.json").is_file() else None
-    directory = hub_snapshot_dir(model.repo_id or "", model.revision)
-    return directory if directory is not None and (directory / "config.json").is_file() else None
+    snapshot = hub_snapshot_dir(model.repo_id or "", model.revision)
+    return snapshot if snapshot is not None and (snapshot / "config.json").is_file() else None
 
 
 def copy_draft(source: Path, out: Path) -> None:
@@ -59,6 +61,7 @@ def copy_draft(source: Path, out: Path) -> None:
 
 def loaded_dir(config: DraftConfig, recipe: RecipeInfo) -> Path:
     if config.source == "path":
+        assert config.path is not None  # required by the config's validator for this source
         directory = recipe.resolve_path(config.path)
         if not directory.is_dir():
             raise UserError(f"directory not found: {directory}", field="draft.path",

@@ -65,6 +65,7 @@ class DraftStage(Stage):
         if config.source == "train":
             material["dataset"] = fingerprint(config.dataset, base_dir=recipe.base_dir)
         elif config.source == "path":
+            assert config.path is not None  # required by the config's validator for this source
             directory = recipe.resolve_path(config.path)
             files = sorted(directory.rglob("*")) if directory.is_dir() else []
             material["files"] = [[str(f.relative_to(directory)), f.stat().st_size, f.stat().st_mtime_ns]

@@ -205,7 +205,7 @@ def build_options(config: EngineConfig, recipe: RecipeInfo, facts: ModelFacts | 
     elif with_draft:
         spec = SpeculativeConfig(decoding_type=contract.eagle3_decoding_type,
                                  max_draft_len=draft_len(config, recipe) or 1,
-                                 **{contract.draft_model_key: f"./{draft_rel}"},
+                                 **{contract.draft_model_key: f"./{draft_rel}"},  # type: ignore[arg-type]
                                  eagle3_one_model=config.eagle3_one_model)
         layers = draft_capture_layers(draft_dir) if draft_dir is not None else None
         if layers and facts and facts.num_hidden_layers and \
@@ -343,7 +343,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         draft_rel = "draft"
 
     # GEMM plugins: the module TensorRT-LLM's server imports, and the kernels' AOT build check.
-    gemm = None
+    gemm: dict[str, Any] | None = None
     launch = conformance.module_launch(config, contract)
     if config.gemm_plugin is not None:
         release = contract.version

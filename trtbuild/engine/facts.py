@@ -34,7 +34,7 @@ class ModelFacts:
 
 
 def facts_from_config(cfg: dict[str, Any], source: str) -> ModelFacts:
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text: dict[str, Any] = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
 
     def get_int(*keys: str) -> int | None:
         for key in keys:

@@ -59,6 +59,7 @@ class ModelStage(Stage):
     def key_material(self, config: StageConfig, recipe: RecipeInfo) -> dict[str, Any]:
         assert isinstance(config, ModelConfig)
         if config.source == "path":
+            assert config.path is not None  # required by the config's validator for this source
             directory = recipe.resolve_path(config.path)
             if not directory.is_dir() and config.standin_config:
                 return {"path": str(directory), "files": None}  # absent here: plan on the stand-in
@@ -82,6 +83,7 @@ class ModelStage(Stage):
             if problems or local is None:
                 return problems  # absent weights are expected here: `plan` says so, `build` refuses
         if config.source == "path":
+            assert config.path is not None  # required by the config's validator for this source
             directory = recipe.resolve_path(config.path)
             if not directory.is_dir():
                 return [f"model.path: directory not found: {directory} "
@@ -104,6 +106,7 @@ class ModelStage(Stage):
             metrics = build_tiny_model(config.tiny, hf_dir, ctx.progress)
             return StageResult(metrics=metrics, info={"source": "tiny"})
         if config.source == "path":
+            assert config.path is not None  # required by the config's validator for this source
             source_dir = ctx.recipe.resolve_path(config.path)
             where = "model.path"
             if not source_dir.is_dir():  # a stand-in let plan through; the build needs the weights
@@ -121,6 +124,7 @@ class ModelStage(Stage):
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
+        assert config.repo_id is not None  # required by the config's validator for this source
         try:
             return Path(snapshot_download(config.repo_id, revision=config.revision,
                                           local_files_only=not config.allow_download,
