@@ -37,6 +37,7 @@ from trtbuild.engine.checkpoint_quant import quant_of_dir
 from trtbuild.engine.config import draft_len, has_draft
 from trtbuild.engine.facts import ModelFacts, facts_from_dir
 from trtbuild.engine.llama4_wrap import wrap_target
+from trtbuild.engine.release_fields import refuse_unless_written
 from trtbuild.model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -163,6 +164,8 @@ def build_options(config: EngineConfig, recipe: RecipeInfo, facts: ModelFacts | 
     with_draft = draft_dir is not None if with_draft is None else with_draft
     kv = KvCacheConfig(enable_block_reuse=config.kv_cache.enable_block_reuse,
                        free_gpu_memory_fraction=config.kv_cache.free_gpu_memory_fraction)
+    refuse_unless_written(contract, "kv_cache_config.dtype", config.kv_cache.dtype, "auto")
+    refuse_unless_written(contract, "kv_cache_config.tokens_per_block", config.kv_cache.tokens_per_block, 32)
     if config.kv_cache.dtype != "auto":
         kv.dtype = config.kv_cache.dtype
     if config.kv_cache.tokens_per_block != 32:
@@ -208,6 +211,8 @@ def build_options(config: EngineConfig, recipe: RecipeInfo, facts: ModelFacts | 
         layers = draft_capture_layers(draft_dir) if draft_dir is not None else None
         if layers and facts and facts.num_hidden_layers and \
                 layers != default_layers_to_capture(facts.num_hidden_layers):
+            refuse_unless_written(contract, "speculative_config.eagle3_layers_to_capture", layers,
+                                  default_layers_to_capture(facts.num_hidden_layers))
             spec.eagle3_layers_to_capture = layers  # trained on other layers than TRT-LLM's default
         values["speculative_config"] = spec
     extra = parse_options(config.llm_api_options, "engine.llm_api_options")
