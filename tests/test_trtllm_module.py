@@ -152,12 +152,36 @@ def test_shipped_files_match_the_repository(module_dir: Path) -> None:
     assert config["o_proj_in_features"] == [96] and config["down_proj_in_features"] == [160]
 
 
-def start_server(module_dir: Path, release: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+def start_server(module_dir: Path, release: str, *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}), PYTHONPATH=os.pathsep.join(
         [str(module_dir), str(STANDINS / RELEASES[release]), str(STANDINS)]))
     env.pop("TRTBUILD_GEMM", None)
     return subprocess.run([sys.executable, str(STANDINS / "server_start.py"), *args], env=env, cwd=module_dir,
                           capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_the_server_log_says_the_plugin_is_there(tmp_path: Path, module_dir: Path, release: str) -> None:
+    """Issue 37.2: one line per server process, on stderr through the module's own handler (trtllm-serve and
+    Triton configure no Python logging): the release, how many linears are patched, the kernel per shape,
+    fallbacks; the same counts as JSON where TRTBUILD_GEMM_REPORT_DIR points."""
+    reports = tmp_path / "reports"
+    done = start_server(module_dir, release, env={"TRTBUILD_GEMM_REPORT_DIR": str(reports)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = [line for line in done.stderr.splitlines() if "FP8 linears patched" in line]
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    installed = out["version"]
+    assert line.startswith(f"trtbuild_gemm: pid {out['pid']}, TensorRT-LLM {installed} (convention {release})")
+    assert ": 1 FP8 linears patched (attention 1)" in line  # server_start.py loads one o_proj
+    assert "spatial_partition: 160x96 x1 attention" in line and "fallbacks: none" in line
+    (report,) = reports.glob("trtbuild_gemm.*.json")
+    data = json.loads(report.read_text())
+    assert report.name == f"trtbuild_gemm.{out['pid']}.json"
+    assert data["patched"] == 1 and data["convention"] == release and data["installed"] == installed
+    assert data["kernels"] == {"spatial_partition": [{"n": 160, "k": 96, "role": "attention", "linears": 1}]}
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
@@ -197,9 +221,13 @@ def test_a_kernel_the_containers_triton_cannot_build_falls_back_with_one_line(tm
     assert out["prepared"] and out["report"].get("plugin", 0) == 0
     assert out["report"]["fallback:spatial_partition"] == 1 and out["report"]["own"] == 2
     assert out["max_abs_vs_own"] == 0.0 and out["again_vs_own"] == 0.0
-    lines = [line for line in broken.stderr.splitlines() if "trtbuild_gemm" in line]
+    lines = [line for line in broken.stderr.splitlines() if "cannot run" in line]
     assert len(lines) == 1 and "spatial_partition cannot run with this Triton" in lines[0], broken.stderr
     assert "make_tensor_descriptor" in lines[0]
+    # The startup line (written at the first forward, before the failing call) and nothing else.
+    assert [line for line in broken.stderr.splitlines() if "trtbuild_gemm" in line] == [
+        line for line in broken.stderr.splitlines() if "FP8 linears patched" in line or "cannot run" in line
+        or "linears run" in line]
 
 
 def test_min_latency_linears_get_the_plugin_only_where_they_call_quant_method_apply(tmp_path: Path) -> None:

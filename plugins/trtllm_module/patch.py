@@ -40,6 +40,8 @@ _PATCHED_FLAG = "__trtbuild_gemm_patched__"
 _COUNTS: Counter = Counter()  # "prepared:<kernel>:<role>", "plugin", "own", "skipped:<why>", "fallback:<kernel>"
 _BROKEN: dict[str, str] = {}  # kernel -> why it cannot run here (every later call keeps TensorRT-LLM's GEMM)
 _PREPARED: weakref.WeakSet = weakref.WeakSet()  # linears holding a shuffled copy (freed when their kernel breaks)
+_SHAPES: Counter = Counter()  # (kernel, role, n, k) of every linear prepared in this process
+_ANNOUNCED: list[bool] = [False]  # the startup line (startup.announce) is written once per process
 
 
 class ConventionError(RuntimeError):
@@ -187,6 +189,7 @@ def prepare(linear: Any, method_cls: type, config: dict[str, Any],
         LOG.info("trtbuild_gemm: FP8 %s linears run %s for <= %d tokens", "/".join(sorted(wanted)),
                  kernel, state.max_tokens)
     _COUNTS[f"prepared:{kernel}:{role}"] += 1
+    _SHAPES[(kernel, role, int(n), int(k))] += 1
     return state
 
 
@@ -274,6 +277,8 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
 
     @functools.wraps(own_apply)
     def apply(self: Any, module: Any, input: Any, bias: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ANNOUNCED[0]:  # the first forward (TensorRT-LLM's warm-up at server start): say what runs
+            _announce()
         state = module.__dict__.get(_STATE_ATTR)
         if state is not None and getattr(input, "dim", None) is not None and input.dim() >= 1:
             tokens = input.numel() // max(1, input.shape[-1])
@@ -354,7 +359,9 @@ def _on_linear_import(config: dict[str, Any]) -> Any:
         # Runs inside `import tensorrt_llm` (its __init__ imports the models, hence this module, before
         # its version): never read the half-initialised package, and never fail its import.
         try:
-            key = select_release(installed_version(), config["releases"])
+            version = installed_version()
+            _COUNTS[f"installed:{version}"] += 1
+            key = select_release(version, config["releases"])
             patch_linear_module(module, config["releases"][key]["linear"], config)
         except Exception as exc:
             _COUNTS[f"skipped:{type(exc).__name__}"] += 1
@@ -364,8 +371,31 @@ def _on_linear_import(config: dict[str, Any]) -> Any:
     return callback
 
 
+def _announce() -> None:
+    _ANNOUNCED[0] = True
+    try:
+        from .startup import announce
+
+        announce(LOG, dict(_COUNTS), dict(_SHAPES), dict(_BROKEN))
+    except Exception as exc:  # never fail a forward because of the report
+        LOG.warning("trtbuild_gemm: no startup summary (%s: %s)", type(exc).__name__, exc)
+
+
+def _own_handler() -> None:
+    """A stderr handler of the module's own: neither trtllm-serve nor Triton's python backend configures
+    Python logging, so without it the module's lines would not show (failures included)."""
+    if not any(getattr(h, "_trtbuild_gemm", False) for h in LOG.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._trtbuild_gemm = True  # type: ignore[attr-defined]
+        LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    LOG.propagate = False
+
+
 def install(config: dict[str, Any]) -> None:
     """Patch TensorRT-LLM's linear module now if imported, else when it is (idempotent)."""
+    _own_handler()
     if os.environ.get("TRTBUILD_GEMM", "on").lower() in ("0", "off", "false", "no"):
         LOG.info("trtbuild_gemm: off (TRTBUILD_GEMM); FP8 linears keep TensorRT-LLM's GEMM")
         return

@@ -40,7 +40,7 @@ SHIPPED = ("common/__init__.py", "common/arch.py", "common/errors.py", "common/j
            "common/launch.py", "common/layout.py", "common/reference.py", "common/signature.py",
            "common/splitk.py", "common/torch_ops.py", "gemm_weight_shuffle/__init__.py",
            "gemm_weight_shuffle/kernel.py", "spatial_partition/__init__.py", "spatial_partition/kernel.py",
-           "trtllm_module/__init__.py", "trtllm_module/patch.py")
+           "trtllm_module/__init__.py", "trtllm_module/patch.py", "trtllm_module/startup.py")
 
 _PACKAGE_INIT = '''"""trtbuild's GEMM plugins for this bundle's TensorRT-LLM server (written by trtbuild).
 
