@@ -86,8 +86,13 @@ class GemmPluginSettings(StageConfig):
         "attention (fused qkv, o_proj) and dense (fused gate_up, down_proj, shared experts); MoE experts "
         "always keep TensorRT-LLM's kernels.")
     max_tokens: int = Field(default=16, ge=1, le=16, description="Largest token count of a call that runs "
-                            "the plugin (decode and speculative verification); more tokens (prefill) run "
-                            "TensorRT-LLM's FP8 GEMM.")
+                            "the plugin (decode and speculative verification); with one_copy false, more "
+                            "tokens (prefill) run TensorRT-LLM's FP8 GEMM.")
+    one_copy: bool = Field(default=True, description="The plugin owns each selected linear's weight in its "
+                           "tile layout: TensorRT-LLM's copy is released after loading and the plugin's kernel "
+                           "also runs prefill (on 1.1 / 1.2; releases with NCCL-window GEMM outputs keep both). "
+                           "false keeps both copies (the selected weights' size again per GPU, taken from the "
+                           "KV cache) and prefill on TensorRT-LLM's GEMM.")
 
     @field_validator("kernels")
     @classmethod
