@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild import crosschecks
+from trtbuild.app import crosschecks
 from trtbuild.app.recipe import load_recipe
 
 GIB = 1 << 30
