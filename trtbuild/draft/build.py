@@ -81,7 +81,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     # The pool and (offline) the hidden states are shard sets of their own in the cache, keyed without
     # the training settings: another lr or step count finds them again.
     data = ensure_data(config, target_dir, target_key or str(target_dir), ctx.recipe.base_dir, ctx.progress)
-    pool = load_pool(data.path)
+    pool = load_pool(data.path)[: config.used_samples()]  # rows i of the pool are rows i of the hidden states
     features, hidden = None, None
     if config.hidden_states == "offline":
         from trtbuild.draft.hidden import ensure_hidden
