@@ -63,7 +63,7 @@ def test_requests_are_distinct_and_seeded(target: Path) -> None:
 def test_killed_synthesis_resumes_to_the_same_requests(target: Path, tmp_path: Path) -> None:
     """Requests are saved batch by batch: a run killed in its second batch resumes from the first
     batch's requests and ends with exactly the uninterrupted run's list."""
-    from trtbuild.eagle3.requests import BATCH, synthesize
+    from trtbuild.draft.requests import BATCH, synthesize
 
     model, tokenizer = _model_and_tokenizer(target)
     count = BATCH + 8  # at least two batches

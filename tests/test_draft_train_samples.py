@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trtbuild.eagle3.config import DraftConfig
-from trtbuild.eagle3.draft_data import data_key
+from trtbuild.draft.config import DraftConfig
+from trtbuild.draft.draft_data import data_key
 
 
 def test_train_samples_leave_the_pool_key_alone_and_size_the_schedule() -> None:
