@@ -20,6 +20,7 @@ a shared flock on the entry's `.in-use`; removal takes it exclusively, so the tw
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -301,7 +302,7 @@ class ArtifactCache:
         if path.parent != self.root / RESUME or path.is_symlink():
             raise ValueError(f"{path} is not a resume dir of {self.root}")
         trash = path.with_name(f"{_TMP_PREFIX}gc-{path.name}-{secrets.token_hex(4)}")
-        os.rename(path, trash)
+        os.rename(path, trash)  # raises OSError when it cannot be removed; nothing is then
         shutil.rmtree(trash, ignore_errors=True)
 
     # -- leases: a running server's entries -------------------------------------------------
@@ -329,12 +330,24 @@ class ArtifactCache:
 
     @contextlib.contextmanager
     def _exclusive(self, entry: Entry) -> Iterator[bool]:
-        """Holds the entry's lease lock exclusively (yields True), or yields False when a lease is held."""
+        """Holds the entry's lease lock exclusively (yields True), or yields False when a lease is held.
+        In a read-only cache no server could have made the lock file (`lease` makes it), so a missing
+        one means free, and an existing one is locked through a read-only descriptor."""
+        lock = entry.path / _IN_USE
         try:
-            fd = os.open(entry.path / _IN_USE, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
-        except OSError:  # a planted symlink, a read-only cache: treat as held, remove nothing
-            yield False
-            return
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM) or lock.is_symlink():
+                yield False  # a planted symlink (ELOOP): not ours to judge, treat as held
+                return
+            try:
+                fd = os.open(lock, os.O_RDONLY | _NOFOLLOW)
+            except FileNotFoundError:
+                yield True  # nobody could have leased it; removing will fail on its own terms
+                return
+            except OSError:
+                yield False
+                return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -347,7 +360,8 @@ class ArtifactCache:
 
     def remove(self, entry: Entry) -> bool:
         """Removes the entry unless a server leases it (returns False then). The rename happens under
-        the exclusive lease lock, so a server never leases an entry that is about to vanish."""
+        the exclusive lease lock, so a server never leases an entry that is about to vanish. Raises
+        OSError when the entry cannot be removed (a read-only cache): nothing is removed then."""
         if entry.path.parent.parent != self.root or not _is_real_dir(entry.path):
             raise ValueError(f"{entry.path} is not an entry of {self.root}")
         with self._exclusive(entry) as free:
@@ -361,7 +375,9 @@ class ArtifactCache:
     def remove_incomplete(self, path: Path) -> None:
         if path.parent.parent != self.root or not path.name.startswith(_TMP_PREFIX) or not _is_real_dir(path):
             raise ValueError(f"{path} is not a leftover of {self.root}")
-        shutil.rmtree(path, ignore_errors=True)  # rmtree never follows the symlinks inside
+        trash = path.with_name(f"{_TMP_PREFIX}gc-{secrets.token_hex(4)}")
+        os.rename(path, trash)  # raises OSError when it cannot be removed (a read-only cache)
+        shutil.rmtree(trash, ignore_errors=True)  # rmtree never follows the symlinks inside
 
 
 def _is_real_dir(path: Path) -> bool:
