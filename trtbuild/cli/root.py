@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -365,6 +366,36 @@ def cache_ls(as_json: bool) -> None:
     Console().print(table)
     for path in broken:
         click.echo(f"broken manifest (skipped; `cache gc` removes it): {path}")
+
+
+@cache.command("verify")
+@click.argument("entries", nargs=-1, metavar="[STAGE/KEY]...")
+def cache_verify(entries: tuple[str, ...]) -> None:
+    """Hash every file of the named entries (default: the whole cache) against its manifest, whatever
+    its size and times say; a damaged entry is reported and its check record dropped, so the next
+    build that uses it rebuilds it. Exit 1 when any entry is damaged."""
+    from trtbuild.cache import VERIFIED
+
+    store = _cache()
+    found = {f"{e.stage}/{e.key}": e for e in store.entries()}
+    for name in entries:
+        if name not in found:
+            raise UserError(f"no cache entry {name!r} in {store.root}",
+                            fix="name one as `cache ls` shows it (STAGE/KEY), or give none to verify all")
+    damaged = 0
+    for name in entries or tuple(found):
+        entry = found[name]
+        problem = store.damage(entry, full=True, record=True)  # intact: later uses start from this check
+        if problem is None:
+            click.echo(f"ok {name}")
+            continue
+        damaged += 1
+        with contextlib.suppress(OSError):
+            (entry.path / VERIFIED).unlink()
+        click.echo(f"damaged {name}: {problem} (the next build that uses it rebuilds it)")
+    click.echo(f"{len(entries or found) - damaged} intact, {damaged} damaged")
+    if damaged:
+        sys.exit(1)
 
 
 def _days(ctx: click.Context, param: click.Parameter, value: float) -> float:

@@ -5,8 +5,9 @@ in `<root>/<stage>/.tmp-<key>-<pid>-<nonce>/` and is renamed into place only aft
 written, so a killed build never leaves an entry that looks complete: a directory named by a bare
 key exists only if its rename happened, and the rename is the last step.
 
-Upkeep: a hit is verified against the manifest's file hashes before reuse (files whose size and
-mtime are unchanged since their last check are not hashed again), and a damaged entry is rebuilt;
+Upkeep: a hit is verified against the manifest's file hashes before reuse (files whose size, mtime,
+inode and ctime are unchanged since their last check are not hashed again; `cache verify` hashes all),
+and a damaged entry is rebuilt;
 every use touches `.last_used` for `cache gc`; an entry whose manifest is unreadable is reported and
 skipped, never crashed on. Interrupted draft trainings keep their checkpoints in `<root>/resume/`.
 
@@ -37,7 +38,7 @@ from typing import Any
 MANIFEST = "manifest.json"
 _TMP_PREFIX = ".tmp-"
 LAST_USED = ".last_used"
-VERIFIED = ".verified"  # {file: [size, mtime_ns, inode]} as of the last hash check
+VERIFIED = ".verified"  # {file: [size, mtime_ns, inode, ctime_ns]} as of the last hash check
 RESUME = "resume"
 _IN_USE = ".in-use"
 MARKER = ".trtbuild-cache"  # "this directory is a trtbuild artifact cache": gc and clean act only here
@@ -151,17 +152,20 @@ class ArtifactCache:
             return entry if entry.manifest_or_none() is not None else None
         return None
 
-    def damage(self, entry: Entry, *, record: bool = False) -> str | None:
+    def damage(self, entry: Entry, *, record: bool = False, full: bool = False) -> str | None:
         """What differs from the manifest's file list (first problem), or None when the entry is intact.
-        Files unchanged (size, mtime, inode) since their last check are not hashed again; `record`
-        saves this check's result so the next one is cheap (plan passes False: it touches nothing)."""
+        Files unchanged (size, mtime, inode, ctime) since their last check are not hashed again: any
+        write changes the ctime, and setting the mtime back changes it too, which nobody can set back
+        (only damage that bypasses the file system, bit rot, goes unseen: `full` hashes every file, as
+        `cache verify` does). `record` saves this check's result so the next one is cheap (plan passes
+        False: it touches nothing)."""
         manifest = entry.manifest_or_none()
         if manifest is None:
             return "manifest.json is unreadable"
         expected = manifest.get("files")
         if not isinstance(expected, dict):
             return "manifest.json lists no files"
-        seen = _read_json(entry.path / VERIFIED) or {}
+        seen = {} if full else _read_json(entry.path / VERIFIED) or {}
         checked: dict[str, list[int]] = {}
         for rel, want in expected.items():
             path = entry.path / rel
@@ -175,7 +179,7 @@ class ArtifactCache:
                 return f"{rel}: missing"
             if path.is_symlink() or st.st_size != want.get("size"):
                 return f"{rel}: {st.st_size} bytes, the manifest says {want.get('size')}"
-            stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+            stamp = _stamp(st)
             if seen.get(rel) != stamp and sha256_file(path) != want.get("sha256"):
                 return f"{rel}: content differs from its sha256 in the manifest"
             checked[rel] = stamp
@@ -400,9 +404,14 @@ def _stamps(directory: Path, files: dict[str, dict[str, Any]]) -> dict[str, list
     stamps = {}
     for rel, info in files.items():
         if "sha256" in info:
-            st = (directory / rel).lstat()
-            stamps[rel] = [st.st_size, st.st_mtime_ns, st.st_ino]
+            stamps[rel] = _stamp((directory / rel).lstat())
     return stamps
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    """What must be unchanged for a file not to be hashed again: the ctime is set by the kernel on
+    every write, chmod, link and utime, and no caller can set it back."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 @contextlib.contextmanager
