@@ -257,6 +257,12 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     *[(f"engine-slurm-{field}-{value[:12]}", R(f"engine:\n  launcher:\n    slurm:\n      {field}: {value} #!\n"), [],
        field) for field, value in [("job_name", '"a\\nrm -rf"'), ("job_name", "'a b'"), ("partition", "'p;x'"),
                                    ("account", "'$(id)'"), ("time_limit", "forever")]],
+    # issue 38 finding 9: Slurm reads ASCII digits only; \d took "٤:٠٠" (Arabic-Indic) and "４:００" (fullwidth)
+    *[(f"{where}-slurm-time-limit-{name}", R(body.format(value)), [], "time_limit")
+      for where, body in [("engine", "engine:\n  launcher:\n    slurm:\n      time_limit: '{}' #!\n"),
+                          ("draft", "draft:\n  train:\n    slurm:\n      time_limit: '{}' #!\n")]
+      for name, value in [("arabic-indic", "\u0664:\u0660\u0660"), ("fullwidth", "\uff14:\uff10\uff10"),
+                          ("devanagari-days", "\u0967-04:00:00")]],
     ("engine-trtllm-version-unknown", R("engine:\n  trtllm_version: 0.9.0 #!\n"), [], "no TensorRT-LLM contract"),
     ("engine-nodes-world", R("engine:\n  launcher:\n    nodes: 2 #!\n"), [], "nodes"),
     # --- deploy ------------------------------------------------------------------------------------

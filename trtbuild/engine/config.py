@@ -24,12 +24,13 @@ class KvCacheSettings(StageConfig):
 
 
 _SLURM_WORD = r"^[A-Za-z0-9][A-Za-z0-9._,+-]*$"  # anchored: pydantic patterns search
+_SLURM_TIME = r"^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$"  # ASCII digits: \d also takes ٤ or ４
 
 
 class SlurmSettings(StageConfig):
     partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
     account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
-    time_limit: str = Field(default="01:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$", description="#SBATCH -t "
+    time_limit: str = Field(default="01:00:00", pattern=_SLURM_TIME, description="#SBATCH -t "
                             "([D-]HH:MM:SS).")
     job_name: str = Field(default="trtllm-serve", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
 
