@@ -444,3 +444,21 @@ def test_local_instances_are_sized_against_memory(tmp_path, monkeypatch, capsys,
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"{tmp_path / 'r.yaml'}:6: deploy.instance_count: 64 local model instances need about" in err, err
     assert "more than this machine's 24.0 GiB" in err and "use at most" in err, err
+
+
+def test_a_1000_deep_extends_chain_is_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 38 finding 8: a RecursionError traceback before."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r999.yaml").write_text(BASE)
+    for i in range(999):
+        (tmp_path / f"r{i}.yaml").write_text(f"extends: r{i + 1}.yaml\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(tmp_path / "r0.yaml")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and "extends" in lines[0], err
+    assert ":1:" in lines[0] and "deep" in lines[0], lines[0]
+    (tmp_path / "r0.yaml").write_text("extends: r990.yaml\n")  # 10 deep: fine
+    main(["validate", str(tmp_path / "r0.yaml")])
+    capsys.readouterr()
