@@ -442,3 +442,114 @@ def test_sigkill_of_serve_leaves_nothing_and_the_next_serve_starts(deploy: Path)
             second.stop()
     finally:
         first.stop()
+
+
+# -- issue 38 finding 1: after a restart, serve talks to its own tritonserver only -----------------
+
+def _internal_ports(triton_pid: int) -> tuple[int, int]:
+    """tritonserver's own HTTP and gRPC ports, from its command line."""
+    argv = Path(f"/proc/{triton_pid}/cmdline").read_bytes().decode().split("\0")
+    value = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if a.startswith("--") and "=" in a}
+    return int(value["--http-port"]), int(value["--grpc-port"])
+
+
+class _Squatter:
+    """Binds `port` as soon as it is free; answering: a plain HTTP server saying 200 "SQUATTED" to
+    everything and recording each request's headers; silent: listens and never accepts."""
+
+    def __init__(self, port: int, answering: bool) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"port {port} never came free"
+                time.sleep(0.001)
+        self.sock.listen(64)
+        self.headers: list[str] = []
+        self.answering = answering
+        if answering:
+            threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        piece = conn.recv(65536)
+                        if not piece:
+                            break
+                        head += piece
+                    self.headers.append(head.decode("latin-1"))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n"
+                                 b"Connection: close\r\n\r\n" + b'"SQUATTED"')
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _kill_squat_and_recover(served: Serve, answering: bool, expected: tuple[str, str]) -> None:
+    from trtbuild.serve.server import FRONT_KEY_HEADER
+
+    old_pid = served.triton_pid
+    http_port, _ = _internal_ports(old_pid)
+    restarts = "".join(served.log).count("ready again")
+    os.kill(old_pid, signal.SIGKILL)
+    squatter = _Squatter(http_port, answering)
+    try:
+        deadline = time.monotonic() + 300
+        # Meanwhile: health says 200 only when a request would succeed, and no answer is the squatter's.
+        while "".join(served.log).count("ready again") == restarts:
+            assert served.proc.poll() is None and time.monotonic() < deadline, "".join(served.log)
+            health = [requests.get(f"http://127.0.0.1:{served.ports[3]}/health", timeout=70).status_code,
+                      requests.get(f"http://{served.http}/v2/health/ready", timeout=70).status_code]
+            completion = served.complete(timeout=70)
+            generated = served.generate(timeout=70)
+            assert "SQUATTED" not in completion.text + generated.text
+            assert completion.status_code in (200, 503) and generated.status_code in (200, 503)
+            if completion.status_code == 200:
+                assert completion.json()["choices"][0]["text"] == expected[0]
+            # Ready stays ready: a 200 from a health endpoint promises that the requests after it succeed.
+            assert health[0] != 200 or completion.status_code == 200, (health, completion.text)
+            assert health[1] != 200 or generated.status_code == 200, (health, generated.text)
+            time.sleep(0.2)
+        served.triton_pid = int(re.findall(r"ready again \(pid (\d+)\)", "".join(served.log))[-1])
+        assert _internal_ports(served.triton_pid)[0] != http_port  # it moved off the squatted port
+        completion = served.complete(timeout=70)
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["choices"][0]["text"] == expected[0]
+        generated = served.generate(timeout=70)
+        assert generated.status_code == 200 and generated.json()["text_output"] == expected[1], generated.text
+        assert served.grpc_ready()
+        assert requests.get(f"http://127.0.0.1:{served.ports[3]}/health", timeout=10).status_code == 200
+        assert requests.get(f"http://{served.http}/v2/health/ready", timeout=10).status_code == 200
+        assert not [h for h in squatter.headers if FRONT_KEY_HEADER in h.lower()], squatter.headers
+    finally:
+        squatter.close()
+
+
+def test_after_a_restart_every_front_talks_to_its_own_tritonserver_only(deploy: Path) -> None:
+    """A tritonserver killed with -9 whose HTTP port another process takes at once (one that answers
+    everything with 200, then one that never answers): serve recovers to a new tritonserver, the
+    OpenAI, HTTP and gRPC fronts answer the right text, the squatter gets no request with the key."""
+    served = Serve(deploy)
+    try:
+        first = served.complete()
+        generated = served.generate()
+        assert first.status_code == 200 and generated.status_code == 200
+        expected = (first.json()["choices"][0]["text"], generated.json()["text_output"])
+        _kill_squat_and_recover(served, answering=True, expected=expected)
+        _kill_squat_and_recover(served, answering=False, expected=expected)
+        served.proc.send_signal(signal.SIGINT)
+        assert served.proc.wait(timeout=60) == 0, "".join(served.log)
+    finally:
+        served.stop()
