@@ -462,3 +462,27 @@ def test_a_1000_deep_extends_chain_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "r0.yaml").write_text("extends: r990.yaml\n")  # 10 deep: fine
     main(["validate", str(tmp_path / "r0.yaml")])
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("ram_gib,processes,refused", [(24, 64, True), (24, 8, False), (128, 64, False)])
+def test_training_processes_are_sized_against_memory(tmp_path, monkeypatch, capsys, ram_gib, processes, refused):
+    """Issue 38 finding 4: draft.train.processes 64 passed validate on a 24 GiB machine (about 0.8 GB
+    measured per process); the machine's memory is set here so the case does not depend on the host."""
+    from trtbuild import crosschecks
+
+    monkeypatch.setattr(crosschecks, "machine_memory", lambda: ram_gib << 30)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r.yaml").write_text(BASE + f"draft:\n  batch_size: 64\n  train:\n    device: cpu\n"
+                                     f"    processes: {processes}\n")
+    if not refused:
+        main(["validate", str(tmp_path / "r.yaml")])
+        assert "ok" in capsys.readouterr().out
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(tmp_path / "r.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{tmp_path / 'r.yaml'}:7: draft.train.processes: 64 training processes need about" in err, err
+    assert "more than this machine's 24.0 GiB" in err and "use at most" in err, err
+    most = int(err.rsplit("use at most ", 1)[1].rstrip(")"))
+    assert 8 <= most < 64, err  # the 8 processes the case above accepts fit, 64 do not
