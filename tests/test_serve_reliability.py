@@ -349,6 +349,38 @@ def test_undecodable_bodies_are_400(served: Serve) -> None:
     assert served.answering()
 
 
+def test_triton_front_refuses_bodies_it_cannot_read_with_one_line_each(served: Serve) -> None:
+    """Issue 38 finding 10: /generate answered 500 to a lone surrogate and 200 to an unknown charset,
+    and each bad br / deflate body wrote a 40-line traceback to serve's log."""
+    url = f"http://{served.http}{GENERATE}"
+    good = json.dumps({"text_input": "def", "max_tokens": 2}).encode()
+    logged = len(served.log)
+    cases = {
+        "surrogate": (b'{"text_input": "a\\ud800b", "max_tokens": 2}', {}, 400, "surrogate"),
+        "unknown-charset": (good, {"Content-Type": "application/json; charset=x-no-such"}, 415, "charset"),
+        "latin-1": (good, {"Content-Type": "application/json; charset=latin-1"}, 415, "charset"),
+        "br": (good, {"Content-Encoding": "br"}, 400, "cannot be decoded"),
+        "deflate": (b"\x78\x9c not deflate at all", {"Content-Encoding": "deflate"}, 400, "cannot be decoded"),
+        "gzip": (b"\x1f\x8b not gzip", {"Content-Encoding": "gzip"}, 400, "cannot be decoded"),
+    }
+    for name, (body, headers, status, fragment) in cases.items():
+        for _ in range(2):
+            response = requests.post(url, data=body, timeout=30,
+                                     headers={"Content-Type": "application/json", **headers})
+            assert response.status_code == status, (name, response.status_code, response.text)
+            assert fragment in response.json()["error"], (name, response.text)
+    for encoding in ("br", "deflate"):  # the same on the OpenAI front's connections
+        response = requests.post(f"{served.openai}/completions", data=b"\x78\x9c junk", timeout=30,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": encoding})
+        assert response.status_code == 400, response.text
+    utf8 = requests.post(url, data=good, timeout=60, headers={"Content-Type": "application/json; charset=UTF-8"})
+    assert utf8.status_code == 200, utf8.text
+    time.sleep(1)  # what the server would log after answering (draining the rest of the body) comes now
+    new = "".join(served.log[logged:])
+    assert "Traceback" not in new and "Unhandled exception" not in new, new[-3000:]
+    assert served.answering()
+
+
 def test_triton_front_http_edge_cases(served: Serve) -> None:
     port = served.ports[0]
     body = json.dumps({"text_input": "def", "max_tokens": 2}).encode()

@@ -44,6 +44,9 @@ _HOP = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-enco
                   "host", "content-length", "proxy-authorization", "proxy-authenticate"))
 
 
+_UTF8 = ("utf-8", "utf8", "us-ascii", "ascii")  # charsets whose JSON tritonserver reads as it is meant
+
+
 class Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -200,6 +203,9 @@ class Front:
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if content_type in _BROWSER_TYPES:
             raise Refused(415, f"Content-Type {content_type} is not accepted; send application/json")
+        charset = request.charset  # tritonserver reads every body as UTF-8, whatever the header says
+        if charset is not None and charset.strip().lower() not in _UTF8:
+            raise Refused(415, f"charset {charset!r} in Content-Type is not read here; send UTF-8")
 
     def _check_body(self, request: web.Request, body: bytes) -> None:
         json_part = body
@@ -266,6 +272,11 @@ class Front:
             raise Refused(400, "the body is not valid JSON") from None
         if not isinstance(fields, dict):
             raise Refused(400, "the body must be a JSON object of the model's inputs")
+        try:  # an escaped lone surrogate ("\ud800") parses, but is no Unicode text the model can take
+            json.dumps(fields, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Refused(400, f"the body holds {exc.object[exc.start:exc.end]!a}, a lone surrogate, "
+                          "which is not Unicode text") from None
         inputs = (await self._model(model)).get("inputs", {})
         for name, datatype in inputs.items():
             problem = field_problem(name, fields[name], datatype) if name in fields else None
