@@ -262,6 +262,38 @@ def test_abandoned_non_streaming_requests_are_cancelled(served: Serve) -> None:
     assert waited < 4 * one + 1.0, (waited, one)
 
 
+def test_abandoned_generate_stream_without_stream_flag_is_cancelled(served: Serve) -> None:
+    """Issue 38 finding 3: /generate_stream without `"stream": true` on the Triton front was not
+    cancelled when its client left (a 24-token request then waited 18 s behind 8 of them)."""
+    url = f"http://{served.http}/v2/models/llm/generate_stream"
+    whole = requests.post(url, json={"text_input": "def parse(text):", "max_tokens": 6}, timeout=60)
+    events = [e for e in whole.content.decode("utf-8").split("\n\n") if e.strip()]
+    assert whole.status_code == 200 and len(events) == 1, whole.text  # still one answer, as tritonserver's
+    direct = served.generate(max_tokens=6)
+    assert json.loads(events[0].removeprefix("data:"))["text_output"] == direct.json()["text_output"]
+
+    started = time.monotonic()
+    assert served.generate(max_tokens=24).status_code == 200
+    one = time.monotonic() - started
+    body = json.dumps({"text_input": "def parse(text):", "max_tokens": 200}).encode()
+    socks = []
+    for _ in range(12):  # three batches of 4
+        sock = socket.create_connection(("127.0.0.1", served.ports[0]))
+        sock.sendall(b"POST /v2/models/llm/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(sock)
+    time.sleep(0.5)
+    for sock in socks:
+        sock.close()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert served.generate(max_tokens=24).status_code == 200
+    waited = time.monotonic() - started
+    print(f"after 12 abandoned generate_stream requests: a 24-token request took {waited:.2f} s (alone: {one:.2f} s)")
+    # Run to their end, the 12 x 200 tokens would hold the batch of 4 for ~20 x `one`.
+    assert waited < 4 * one + 1.0, (waited, one)
+
+
 def test_1_gib_grpc_prompt_is_refused_before_it_is_received(served: Serve) -> None:
     """Finding 6: tritonserver held 3.4 GB and its stub 4.3 GB for one 1 GiB gRPC prompt."""
     import grpc

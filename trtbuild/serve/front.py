@@ -10,10 +10,11 @@ see trtbuild.serve.server). The front:
   logging and trace are refused (403);
 - refuses requests a web page can send without CORS (an Origin header, text/plain or form bodies);
 - answers /generate fields of the wrong JSON type with 400 and the field (tritonserver says 500);
-- sends a non-streaming /generate to a decoupled model upstream as /generate_stream and assembles
-  the answer here: tritonserver notices a client that went away only when it writes to it, so a
-  stream lets an abandoned request be cancelled. A client that leaves cancels its handler (aiohttp's
-  handler_cancellation), which closes the upstream connection, which cancels the request;
+- sends a non-streaming /generate (and a /generate_stream without `"stream": true`) to a decoupled
+  model upstream as a stream of steps and assembles the answer here: tritonserver notices a client
+  that went away only when it writes to it, so a stream lets an abandoned request be cancelled. A
+  client that leaves cancels its handler (aiohttp's handler_cancellation), which closes the upstream
+  connection, which cancels the request;
 - answers 503 while tritonserver restarts or drains.
 Responses are relayed as they come (streams stay streams; an HTTP/1.0 client gets the body
 close-delimited, as aiohttp writes it).
@@ -175,8 +176,10 @@ class Front:
         route = _model_route(request.path)
         if request.method == "POST" and route and route[1] in ("/generate", "/generate_stream"):
             fields = await self._generate_fields(body, route[0])
-            if route[1] == "/generate" and (await self._model(route[0])).get("decoupled"):
-                return await self._generate_as_stream(route[0], fields, request)
+            one_answer = route[1] == "/generate" or not _wants_steps(fields)
+            if one_answer and (await self._model(route[0])).get("decoupled"):
+                answer = await self._generate_as_stream(route[0], fields, request)
+                return answer if route[1] == "/generate" else _as_event(answer)
         return await self._relay(request, body)
 
     def _check_head(self, request: web.Request) -> None:
@@ -327,6 +330,19 @@ class Front:
         merged = dict(sorted(merged.items()))  # tritonserver's order: model_name, model_version, outputs
         return web.Response(body=json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode(),
                             content_type="application/json")
+
+
+def _wants_steps(fields: dict[str, Any]) -> bool:
+    """A /generate_stream that asks for one response per step (`"stream": true`, for any prompt)."""
+    flag = fields.get("stream")
+    return any(v is True for v in flag) if isinstance(flag, list) else flag is True
+
+
+def _as_event(answer: web.Response) -> web.Response:
+    """The assembled answer as the one event tritonserver's /generate_stream sends without `stream`."""
+    if answer.status != 200 or not isinstance(answer.body, bytes):
+        return answer
+    return web.Response(body=b"data: " + answer.body + b"\n\n", content_type="text/event-stream", charset="utf-8")
 
 
 def _first_error(raw: bytes) -> str | None:
