@@ -31,6 +31,7 @@ RESULT_FILE = "trained.json"
 LAUNCH_LOG = "launch.log"
 SLURM_SCRIPT = "train_draft.sbatch"
 PROGRESS_PREFIX = "TRTBUILD_PROGRESS "
+JOINED = "TRTBUILD_RANKS_JOINED"  # rank 0's first line: torchrun started the ranks, so the nodes met
 
 
 @dataclass
@@ -152,8 +153,13 @@ def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_
             + " ".join(words) + "\n")
 
 
-def launch(argv: list[str], resume: Path, steps: int, progress: Any, description: str) -> None:
-    """Run the ranks; stream rank 0's progress; one clear line (BuildError) when any rank fails."""
+def launch(argv: list[str], resume: Path, steps: int, progress: Any, description: str,
+           rendezvous_s: float | None = None, meeting: str = "") -> None:
+    """Run the ranks; stream rank 0's progress; one clear line (BuildError) when any rank fails, or
+    when `rendezvous_s` is given and the ranks have not started that long after the launch (the
+    nodes did not meet at `meeting`, host:port)."""
+    import threading
+
     from trtbuild.core.errors import BuildError
 
     for stale in resume.glob("error-rank*.txt"):
@@ -165,10 +171,25 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(resume),
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         assert proc.stdout is not None
+        joined, gave_up = threading.Event(), threading.Event()
+
+        def give_up() -> None:
+            if not joined.wait(rendezvous_s):
+                gave_up.set()
+                with contextlib.suppress(OSError):
+                    proc.terminate()
+                    proc.wait(timeout=10)
+                with contextlib.suppress(OSError):
+                    proc.kill()
+
+        if rendezvous_s is not None:
+            threading.Thread(target=give_up, daemon=True).start()
         done = None
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
-            if line.startswith(PROGRESS_PREFIX):
+            if line.startswith(JOINED):
+                joined.set()
+            elif line.startswith(PROGRESS_PREFIX):
                 fields = json.loads(line[len(PROGRESS_PREFIX):])
                 if done is None:
                     bar.advance(fields["step"] - 1)
@@ -178,6 +199,11 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
             else:
                 log.write(raw)
         code = proc.wait()
+        joined.set()
+    if gave_up.is_set():
+        raise BuildError(f"draft: the training ranks did not start within {rendezvous_s:.0f} s of the launch: the "
+                         f"nodes did not meet at {meeting or 'the rendezvous'} (another program may hold that port, "
+                         "or a node did not start)", fix=f"set draft.train.slurm.rdzv_port to a free port; log: {log_path}")
     if code != 0:
         errors = sorted(resume.glob("error-rank*.txt"))
         said = errors[0].read_text(errors="replace").strip() if errors else _last_line(log_path)
@@ -257,6 +283,8 @@ def run_rank(job_file: Path) -> None:
     from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.draft.train import TrainPlan, train
 
+    if os.environ.get("RANK", "0") == "0":
+        print(JOINED, flush=True)  # this process exists: torchrun's rendezvous is done
     job = TrainJob(**json.loads(job_file.read_text()))
     resume = Path(job.resume_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
