@@ -178,8 +178,7 @@ class Front:
             fields = await self._generate_fields(body, route[0])
             one_answer = route[1] == "/generate" or not _wants_steps(fields)
             if one_answer and (await self._model(route[0])).get("decoupled"):
-                answer = await self._generate_as_stream(route[0], fields, request)
-                return answer if route[1] == "/generate" else _as_event(answer)
+                return await self._generate_as_stream(route[0], fields, request, as_event=route[1] != "/generate")
         return await self._relay(request, body)
 
     def _check_head(self, request: web.Request) -> None:
@@ -287,7 +286,11 @@ class Front:
                 raise Refused(400, problem)
         return fields
 
-    async def _generate_as_stream(self, model: str, fields: dict[str, Any], request: web.Request) -> web.Response:
+    async def _generate_as_stream(self, model: str, fields: dict[str, Any], request: web.Request,
+                                  as_event: bool = False) -> web.Response:
+        """The steps of one generation assembled into /generate's answer, or with `as_event` into
+        the one event tritonserver's /generate_stream sends without `stream` (a refusal or an error
+        in the stream, a cut at shutdown included, is then an error event of a 200, as tritonserver's)."""
         assert self._session is not None
         prompts = fields.get("text_input")  # one stream flag per prompt: the model's own checks then apply
         stream: Any = [True] * len(prompts) if isinstance(prompts, list) and prompts else True
@@ -304,8 +307,8 @@ class Front:
             raise Refused(502, "tritonserver closed the connection (it may have stopped)") from None
         if status != 200:  # refused before any response: tritonserver kept the model's code (400, 503, ...)
             error = _first_error(raw)
-            if error is not None:
-                return _error(status, error)
+            if error is not None:  # (its /generate_stream without `stream` sends the refusal as an event)
+                return _event({"error": error}) if as_event else _error(status, error)
             return web.Response(status=status, body=raw, content_type="application/json")
         merged: dict[str, Any] = {}
         ids: list[Any] = []
@@ -316,6 +319,8 @@ class Front:
             piece = json.loads(data[5:])
             if "error" in piece:
                 message = str(piece["error"])
+                if as_event:
+                    return _event({"error": message})
                 return _error(503 if "shutting down" in message else (400 if not merged else 500), message)
             merged.setdefault("output_ids", [])
             for key, value in piece.items():
@@ -328,6 +333,8 @@ class Front:
         if "output_ids" in merged or ids:
             merged["output_ids"] = ids[0] if len(ids) == 1 else ids
         merged = dict(sorted(merged.items()))  # tritonserver's order: model_name, model_version, outputs
+        if as_event:
+            return _event(merged)
         return web.Response(body=json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode(),
                             content_type="application/json")
 
@@ -338,11 +345,10 @@ def _wants_steps(fields: dict[str, Any]) -> bool:
     return any(v is True for v in flag) if isinstance(flag, list) else flag is True
 
 
-def _as_event(answer: web.Response) -> web.Response:
-    """The assembled answer as the one event tritonserver's /generate_stream sends without `stream`."""
-    if answer.status != 200 or not isinstance(answer.body, bytes):
-        return answer
-    return web.Response(body=b"data: " + answer.body + b"\n\n", content_type="text/event-stream", charset="utf-8")
+def _event(data: dict[str, Any]) -> web.Response:
+    """One server-sent event holding `data`, as tritonserver's /generate_stream writes it."""
+    body = b"data: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return web.Response(body=body, content_type="text/event-stream", charset="utf-8")
 
 
 def _first_error(raw: bytes) -> str | None:
