@@ -60,7 +60,9 @@ FP8 = """quantize:  # FP8 as in recipes/tiny-cpu.yaml; the gate only has to pass
   calibration: {num_samples: 16, seq_len: 64}
   gate: {max_perplexity_ratio: 1000, eval_samples: 4, seq_len: 64}
 """
-SERVE = ("import sys; from pathlib import Path; from trtbuild.triton.commands import serve_deployment; "
+SERVE = ("import sys\nfrom pathlib import Path\n"
+         "try:\n    from trtbuild.serve.commands import serve_deployment\n"
+         "except ImportError:  # the old tree's layout (65149ab)\n    from trtbuild.triton.commands import serve_deployment\n"
          "sys.exit(serve_deployment(Path(sys.argv[1]), http_port=0, grpc_port=0, metrics_port=0, "
          "openai_port=int(sys.argv[2])))")
 

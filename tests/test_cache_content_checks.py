@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from trtbuild.cache import VERIFIED, ArtifactCache
-from trtbuild.eagle3 import shards
-from trtbuild.layout import DRAFT_HIDDEN
+
+from trtbuild.core.cache import VERIFIED, ArtifactCache
+from trtbuild.core.layout import DRAFT_HIDDEN
+from trtbuild.draft import shards
 
 
 def _corrupt_in_place(path: Path) -> None:

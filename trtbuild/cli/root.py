@@ -374,7 +374,7 @@ def cache_verify(entries: tuple[str, ...]) -> None:
     """Hash every file of the named entries (default: the whole cache) against its manifest, whatever
     its size and times say; a damaged entry is reported and its check record dropped, so the next
     build that uses it rebuilds it. Exit 1 when any entry is damaged."""
-    from trtbuild.cache import VERIFIED
+    from trtbuild.core.cache import VERIFIED
 
     store = _cache()
     found = {f"{e.stage}/{e.key}": e for e in store.entries()}
