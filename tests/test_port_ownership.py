@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 
-from trtbuild.deploy.ownership import holds_ports, listening_inodes
+from trtbuild.serve.ownership import holds_ports, listening_inodes
 
 
 def test_a_port_is_held_only_by_the_process_that_listens_there() -> None:
