@@ -143,9 +143,12 @@ def test_plan_says_calibration_memory_and_gpus(capsys: pytest.CaptureFixture[str
     assert calibration_gpus(70 * 10**9) == math.ceil(140e9 / (CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9)) == 3
 
 
-def test_tiny_recipe_plan_notes_only_the_gemm_plugin(capsys: pytest.CaptureFixture[str]):
+def test_tiny_recipe_plan_notes_only_the_gemm_plugin_and_dynamo(capsys: pytest.CaptureFixture[str]):
     notes = _plan(RECIPES_DIR / "tiny-cpu.yaml", capsys)["notes"]
     assert notes[0] == "gemm plugin (engine.gemm_plugin):"
-    assert [n.split(":")[0].strip() for n in notes[1:]] == ["sm_90a", "sm_100a"]
+    assert [n.split(":")[0].strip() for n in notes[1:]] == ["sm_90a", "sm_100a", "dynamo (deploy.dynamo)"]
     assert all("run spatial_partition at these token counts: fused qkv 1..16, o_proj 1..16, fused gate_up 1..16, "
-               "down_proj 1..16 " in n for n in notes[1:])
+               "down_proj 1..16 " in n for n in notes[1:3])
+    # deploy.target names dynamo: plan says what it writes, on how many GPUs per worker, with which image.
+    assert "deploy/dynamo/dgd_agg.yaml (Frontend + 1 TRTLLMWorker x 1 GPU)" in notes[3]
+    assert "tensorrtllm-runtime:1.6.1" in notes[3] and "TensorRT-LLM 1.3.0rc29" in notes[3]

@@ -95,10 +95,11 @@ def plan(recipe: str, overrides: tuple[str, ...], until: str | None, force: tupl
     from trtbuild.model.source import target_hf_config
 
     found = target_hf_config(loaded)
+    from trtbuild.deploy import dynamo as dynamo_deploy
     from trtbuild.draft import plan_notes as draft_notes
 
     data["notes"] = (plan_notes(loaded) + plugin_module.plan_notes(loaded, found[0] if found else None)
-                     + structure_notes(loaded) + draft_notes.plan_notes(loaded, steps))
+                     + structure_notes(loaded) + draft_notes.plan_notes(loaded, steps) + dynamo_deploy.plan_notes(loaded))
     if as_json:
         _print_json(data)
     else:
