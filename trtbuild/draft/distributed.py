@@ -96,21 +96,24 @@ def read_result(resume: Path, model: Any) -> dict[str, Any] | None:
     return result
 
 
-def torchrun_argv(job_file: Path, processes: int, nodes: int = 1, rdzv_endpoint: str | None = None) -> list[str]:
-    """torchrun for one node (--standalone: a local rendezvous on a free port) or one node of several."""
+def torchrun_argv(job_file: Path, processes: int, nodes: int = 1, rdzv_endpoint: str | None = None,
+                  module: str = "trtbuild.draft.distributed") -> list[str]:
+    """torchrun for one node (--standalone: a local rendezvous on a free port) or one node of several;
+    each rank runs `python -m <module> <job_file>` (the quantize stage's calibration ranks use it too)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--max-restarts=0"]
     if nodes == 1:
         launcher.append("--standalone")
     else:
         launcher += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                     "--rdzv-id=trtbuild-draft"]
-    return [*launcher, "-m", "trtbuild.draft.distributed", str(job_file)]
+                     f"--rdzv-id=trtbuild-{module.split('.')[1]}"]
+    return [*launcher, "-m", module, str(job_file)]
 
 
-def srun_argv(job_file: Path, processes: int, nodes: int, head: str, port: int) -> list[str]:
+def srun_argv(job_file: Path, processes: int, nodes: int, head: str, port: int,
+              module: str = "trtbuild.draft.distributed") -> list[str]:
     """One torchrun per node under srun, meeting at the allocation's first node."""
     return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            *torchrun_argv(job_file, processes, nodes, f"{head}:{port}")]
+            *torchrun_argv(job_file, processes, nodes, f"{head}:{port}", module)]
 
 
 def in_slurm_allocation(nodes: int) -> bool:
@@ -127,23 +130,24 @@ def slurm_head_node() -> str:
     return listed[0]
 
 
-def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "") -> str:
+def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "",
+                 module: str = "trtbuild.draft.distributed",
+                 work: str = "the draft stage's EAGLE-3 training", result: str = "the trained weights") -> str:
     """sbatch script: one torchrun per node (srun), c10d rendezvous on the first node of the allocation."""
     from trtbuild.core.shell import comment_safe, default_assignment, quote, sbatch_directives
 
     directives = sbatch_directives(job_name=slurm.job_name, nodes=nodes, tasks_per_node=1,
                                    gpus_per_node=processes, time_limit=slurm.time_limit,
-                                   output="trtbuild-draft-%j.out", partition=slurm.partition, account=slurm.account)
+                                   output=f"{slurm.job_name}-%j.out", partition=slurm.partition, account=slurm.account)
     recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
     endpoint = f'--rdzv-endpoint="${{HEAD}}:{slurm.rdzv_port}"'  # HEAD: set by the script itself
     words = ['"${TRTBUILD_PYTHON}"'] + [endpoint if a.startswith("--rdzv-endpoint=") else quote(a)
-                                        for a in torchrun_argv(job_file, processes, nodes, "HEAD")[1:]]
+                                        for a in torchrun_argv(job_file, processes, nodes, "HEAD", module)[1:]]
     return ("#!/bin/bash\n" + "\n".join(directives) + "\n"
-            + f"# Written by trtbuild{recipe}: the draft stage's EAGLE-3 training on {nodes} nodes x "
-            f"{processes} GPUs.\n"
+            + f"# Written by trtbuild{recipe}: {work} on {nodes} nodes x {processes} GPUs.\n"
             + "# The resume dir below, the interpreter and trtbuild's source must be at the same paths on\n"
             + "# every node (a shared filesystem; TRTBUILD_PYTHON / TRTBUILD_SRC override). After the job, run the same\n"
-            + "# `trtbuild build` again: the draft stage finds the trained weights and exports them.\n"
+            + f"# `trtbuild build` again: the stage finds {result} and goes on.\n"
             + "set -euo pipefail\n"
             + default_assignment("TRTBUILD_PYTHON", sys.executable)
             + default_assignment("TRTBUILD_SRC", str(Path(__file__).resolve().parents[2]))
@@ -154,10 +158,11 @@ def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_
 
 
 def launch(argv: list[str], resume: Path, steps: int, progress: Any, description: str,
-           rendezvous_s: float | None = None, meeting: str = "") -> None:
-    """Run the ranks; stream rank 0's progress; one clear line (BuildError) when any rank fails, or
-    when `rendezvous_s` is given and the ranks have not started that long after the launch (the
-    nodes did not meet at `meeting`, host:port)."""
+           rendezvous_s: float | None = None, meeting: str = "",
+           failure: str = "draft: distributed training failed") -> None:
+    """Run the ranks; stream rank 0's progress (its fields besides `step` go to the bar); one clear line
+    (BuildError) when any rank fails, or when `rendezvous_s` is given and the ranks have not started that
+    long after the launch (the nodes did not meet at `meeting`, host:port)."""
     import threading
 
     from trtbuild.core.errors import BuildError
@@ -194,7 +199,7 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
                 if done is None:
                     bar.advance(fields["step"] - 1)
                     done = fields["step"] - 1
-                bar.advance(fields["step"] - done, loss=fields["loss"], acc=fields["acc"], tau=fields["tau"])
+                bar.advance(fields["step"] - done, **{k: v for k, v in fields.items() if k != "step"})
                 done = fields["step"]
             else:
                 log.write(raw)
@@ -207,7 +212,7 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
     if code != 0:
         errors = sorted(resume.glob("error-rank*.txt"))
         said = errors[0].read_text(errors="replace").strip() if errors else _last_line(log_path)
-        raise BuildError(f"draft: distributed training failed (exit {code}): {said}",
+        raise BuildError(f"{failure} (exit {code}): {said}",
                          fix=f"full log: {log_path}")
 
 

@@ -1,0 +1,102 @@
+"""FP8 calibration in two gloo ranks, launched by the quantize stage itself (torchrun, FSDP2 on CPU).
+
+The reference is the one-process stage on the same trained tiny Llama and the same windows: its
+exported FP8 scales (every `weight_scale`, `input_scale`, k/v scale) and FP8 weights must be equal to
+the two-rank run's, bit for bit, since a max is exact whatever the split. The check can fail: a
+one-process run on the first batch only (what one rank sees before ModelOpt's all-reduce) gives other
+input scales, measured here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trtbuild.core.errors import UserError
+from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.core.stage import Artifact, StageContext, StageResult
+from trtbuild.quantize.config import QuantizeConfig
+from trtbuild.quantize.distributed import rank_batches, resume_dir
+from trtbuild.quantize.stage import QuantizeStage
+
+# 3 batches over 2 ranks: rank 1 repeats its own batch to match rank 0's two forwards.
+CONFIG = {"calibration": {"num_samples": 24, "seq_len": 64, "batch_size": 8},
+          "gate": {"seq_len": 64, "eval_samples": 8, "max_perplexity_ratio": 2.0}}
+
+
+def run_stage(model_root: Path, out: Path, **calibration: Any) -> StageResult:
+    out.mkdir(parents=True)
+    config = json.loads(json.dumps(CONFIG))
+    config["calibration"].update(calibration)
+    ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "tiny-key", model_root)},
+                       out_dir=out)
+    return QuantizeStage().run(QuantizeConfig.model_validate(config), ctx)
+
+
+def scales(out: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted((out / "hf").glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from quantize_fixtures import make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def test_rank_batches_cover_every_batch_with_equal_forwards() -> None:
+    for batches in range(2, 12):
+        for world in range(1, batches + 1):
+            shares = [rank_batches(batches, r, world) for r in range(world)]
+            assert {b for share in shares for b in share} == set(range(batches))
+            assert len({len(share) for share in shares}) == 1
+            assert all(set(share) <= set(range(r, batches, world)) for r, share in enumerate(shares))
+
+
+def test_fewer_batches_than_ranks_is_refused() -> None:
+    with pytest.raises(ValueError, match="do not give each"):
+        QuantizeConfig.model_validate({"calibration": {"num_samples": 8, "batch_size": 8, "processes": 2}})
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_export_the_one_process_scales(model_root: Path, tmp_path: Path) -> None:
+    one = run_stage(model_root, tmp_path / "one")
+    two = run_stage(model_root, tmp_path / "two", processes=2, backend="gloo")
+    run_stage(model_root, tmp_path / "first", num_samples=8)
+    assert two.metrics["calibration_processes"] == 2 and one.metrics["calibration_processes"] == 1
+    ref, got, part = scales(tmp_path / "one"), scales(tmp_path / "two"), scales(tmp_path / "first")
+    scale_names = [n for n in ref if n.endswith(("weight_scale", "input_scale", "k_scale", "v_scale"))]
+    assert any(n.endswith("input_scale") for n in scale_names)
+    assert any(n.endswith("weight_scale") for n in scale_names)
+    assert set(got) == set(ref)
+    for name, tensor in ref.items():  # scales and the FP8 weights they produced, bit for bit
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name].reshape(-1).view(torch.uint8),
+                                                               tensor.reshape(-1).view(torch.uint8)), name
+    # the check can fail: one rank's batches alone give other activation scales
+    differ = [n for n in scale_names if n.endswith("input_scale") and not torch.equal(part[n], ref[n])]
+    assert differ, "the first batch alone gave the same input scales: the test cannot tell a missing all-reduce"
+    assert two.metrics["perplexity_quantized"] == one.metrics["perplexity_quantized"]
+    assert two.metrics["export_layer_error_max"] == one.metrics["export_layer_error_max"]
+    # the finished calibration's resume dir is gone once the stage succeeded
+    config = QuantizeConfig.model_validate({**CONFIG, "calibration": {**CONFIG["calibration"], "processes": 2}})
+    assert not resume_dir(config, "tiny-key").exists()
+
+
+def test_several_nodes_outside_slurm_write_the_sbatch_script(model_root: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(UserError, match="sbatch") as raised:
+        run_stage(model_root, tmp_path / "out", processes=1, nodes=2)
+    script = Path(str(raised.value).split("sbatch ")[1].split(",")[0])
+    text = script.read_text()
+    assert "-m trtbuild.quantize.distributed" in text and "--nnodes=2" in text and "--nproc-per-node=1" in text
+    assert "#SBATCH -J trtbuild-quantize" in text
+    assert not (tmp_path / "out" / "hf").exists()
