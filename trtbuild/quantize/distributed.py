@@ -67,6 +67,22 @@ def resume_dir(config: Any, model_key: str) -> Path:
     return default_root() / "resume" / f"quantize-{digest[:16]}"
 
 
+# FSDP2 all-gathers the next decoder layer while one runs (implicit forward prefetch), so a rank holds
+# up to two whole layers beside its shards.
+GATHERED_LAYERS = 2
+
+
+def rank_memory(outside: int, layers: list[int], world: int, bytes_per_parameter: float = 2.0
+                ) -> dict[str, float]:
+    """Weight bytes one calibration rank holds: its shards of every decoder layer, the whole layers being
+    all-gathered, and what stays whole on every rank (embeddings, final norm, lm_head; sharding.py)."""
+    out = {"shards": bytes_per_parameter * sum(layers) / world,
+           "gathered": bytes_per_parameter * GATHERED_LAYERS * max(layers, default=0),
+           "replicated": bytes_per_parameter * outside}
+    out["total"] = sum(out.values())
+    return out
+
+
 def rank_batches(batches: int, rank: int, world: int) -> list[int]:
     """Indices of the batches this rank runs: round-robin, padded with its own first batch to the longest
     share, so every rank makes the same number of forwards (FSDP2 all-gathers in each one)."""
