@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from trtbuild.core.errors import UserError
+from trtbuild.core.progress import Progress
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Artifact, StageContext, StageResult
 from trtbuild.quantize.config import QuantizeConfig
@@ -29,12 +30,23 @@ CONFIG = {"calibration": {"num_samples": 24, "seq_len": 64, "batch_size": 8},
           "gate": {"seq_len": 64, "eval_samples": 8, "max_perplexity_ratio": 2.0}}
 
 
-def run_stage(model_root: Path, out: Path, **calibration: Any) -> StageResult:
+class Said(Progress):
+    """The stage's status lines, kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+
+def run_stage(model_root: Path, out: Path, progress: Progress | None = None, **calibration: Any) -> StageResult:
     out.mkdir(parents=True)
     config = json.loads(json.dumps(CONFIG))
     config["calibration"].update(calibration)
     ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "tiny-key", model_root)},
-                       out_dir=out)
+                       out_dir=out, progress=progress or Progress())
     return QuantizeStage().run(QuantizeConfig.model_validate(config), ctx)
 
 
@@ -100,3 +112,27 @@ def test_several_nodes_outside_slurm_write_the_sbatch_script(model_root: Path, t
     assert "-m trtbuild.quantize.distributed" in text and "--nnodes=2" in text and "--nproc-per-node=1" in text
     assert "#SBATCH -J trtbuild-quantize" in text
     assert not (tmp_path / "out" / "hf").exists()
+
+
+@pytest.mark.slow
+def test_a_finished_calibration_is_not_run_again(model_root: Path, tmp_path: Path) -> None:
+    """The gate fails after the ranks calibrated: the amaxes stay in the resume dir, and the next build
+    (another gate: not part of what shapes the amaxes) uses them without launching ranks."""
+    from trtbuild.core.errors import BuildError
+
+    strict = {**CONFIG, "calibration": {**CONFIG["calibration"], "processes": 2}, "gate": {**CONFIG["gate"],
+                                                                                           "max_perplexity_ratio": 0.5}}
+    config = QuantizeConfig.model_validate(strict)
+    resume = resume_dir(config, "tiny-key")
+    ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "tiny-key", model_root)},
+                       out_dir=tmp_path / "strict")
+    (tmp_path / "strict").mkdir()
+    with pytest.raises(BuildError, match="gate failed"):
+        QuantizeStage().run(config, ctx)
+    assert (resume / "amax.safetensors").is_file() and (resume / "launch.log").is_file()
+    (resume / "launch.log").unlink()  # the launcher writes it whenever it runs ranks
+    said = Said()
+    result = run_stage(model_root, tmp_path / "again", said, processes=2)
+    assert any("using the finished calibration" in line for line in said.lines), said.lines
+    assert result.metrics["calibration_processes"] == 2
+    assert not resume.exists()  # removed once the stage succeeded (launch.log never came back)
