@@ -136,3 +136,26 @@ def test_a_finished_calibration_is_not_run_again(model_root: Path, tmp_path: Pat
     assert any("using the finished calibration" in line for line in said.lines), said.lines
     assert result.metrics["calibration_processes"] == 2
     assert not resume.exists()  # removed once the stage succeeded (launch.log never came back)
+
+
+def test_a_failing_rank_is_one_clear_line(model_root: Path, tmp_path: Path) -> None:
+    """A rank that dies (here: the checkpoint lacks the final norm, which every rank reads) fails the stage
+    with one line naming the rank and the error; nothing is exported."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from trtbuild.core.errors import BuildError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_root, broken)
+    (file,) = (broken / "hf").glob("*.safetensors")
+    tensors = load_file(file)
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    with pytest.raises(BuildError) as failed:
+        run_stage(broken, tmp_path / "out", processes=2, backend="gloo")
+    line = str(failed.value)
+    assert "distributed calibration failed" in line and ("rank 0" in line or "rank 1" in line)
+    assert "model.norm.weight" in line and "\n" not in line
+    assert not (tmp_path / "out" / "hf").exists()
