@@ -1,10 +1,10 @@
 """FP8 calibration in several processes: each rank holds an FSDP2 shard of the target, ModelOpt all-reduces.
 
 With `quantize.calibration.processes x nodes > 1` the quantize stage launches ranks the way the draft
-stage does (trtbuild/draft/distributed.py's launch helpers: torchrun on one node, srun inside a Slurm
+stage does (trtbuild/core/ranks.py, the draft stage's launch: torchrun on one node, srun inside a Slurm
 allocation, an sbatch script otherwise). Every rank builds the target on the meta device, `fully_shard`s
-each decoder layer over all ranks (trtbuild/draft/sharding.py) and reads only its rows of the
-checkpoint (trtbuild/draft/sharded_load.py), so no rank ever holds the whole model. It then runs
+each decoder layer over all ranks and reads only its rows of the
+checkpoint (trtbuild/core/fsdp_shards.py), so no rank ever holds the whole model. It then runs
 `mtq.quantize(model, cfg, forward_loop)` on its share of the calibration batches: ModelOpt's
 `max_calibrate(distributed_sync=True)` all-reduces each quantizer's amax (max) over the data-parallel
 group, which for Hugging Face modules is the whole world (modelopt/torch/quantization/model_calib.py
@@ -95,7 +95,7 @@ def rank_batches(batches: int, rank: int, world: int) -> list[int]:
 
 def read_amaxes(resume: Path) -> dict[str, Any] | None:
     """The finished calibration's amaxes {quantizer name: tensor}, or None (none, or torn by a kill)."""
-    from trtbuild.draft.train import read_verified
+    from trtbuild.core.ranks import read_verified
 
     found = read_verified(resume / AMAX_FILE, resume / RESULT_FILE)
     return None if found is None else found[1]
@@ -106,8 +106,8 @@ def calibrate_in_ranks(config: Any, model_dir: Path, windows: Any, excluded: lis
     """Launch the ranks over `windows` (the stage's calibration windows); returns the all-reduced amaxes."""
     from safetensors.torch import save_file
 
+    from trtbuild.core import ranks as launcher
     from trtbuild.core.errors import BuildError, UserError
-    from trtbuild.draft import distributed as launcher
 
     cal = config.calibration
     done = read_amaxes(resume)
@@ -115,13 +115,13 @@ def calibrate_in_ranks(config: Any, model_dir: Path, windows: Any, excluded: lis
         progress.log(f"quantize: using the finished calibration in {resume}")
         return done
     resume.mkdir(parents=True, exist_ok=True)
-    launcher._atomic(resume / WINDOWS_FILE, lambda tmp: save_file({"windows": windows.contiguous()}, str(tmp)))
+    launcher.atomic_write(resume / WINDOWS_FILE, lambda tmp: save_file({"windows": windows.contiguous()}, str(tmp)))
     device = launcher.resolve_device("auto")
     job = CalibrationJob(model_dir=str(model_dir.resolve()), resume_dir=str(resume.resolve()),
                          kv_cache=config.kv_cache == "fp8", excluded=excluded, batch_size=cal.batch_size,
                          dtype=dtype, device=device, backend=launcher.resolve_backend(cal.backend, device))
     job_file = resume / JOB_FILE
-    launcher._atomic(job_file, lambda tmp: tmp.write_text(json.dumps(asdict(job), indent=1)))
+    launcher.atomic_write(job_file, lambda tmp: tmp.write_text(json.dumps(asdict(job), indent=1)))
     if cal.nodes == 1:
         argv = launcher.torchrun_argv(job_file, cal.processes, module=MODULE)
     elif launcher.in_slurm_allocation(cal.nodes):
@@ -193,8 +193,7 @@ def sharded_model(model_dir: Path, dtype: Any, device: str) -> Any:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trtbuild.draft.sharded_load import materialize, read_target_weights
-    from trtbuild.draft.sharding import shard_target
+    from trtbuild.core.fsdp_shards import materialize, read_target_weights, shard_target
 
     config = AutoConfig.from_pretrained(str(model_dir))
     with init_empty_weights():  # parameters on meta, buffers (RoPE frequencies) real
@@ -228,7 +227,7 @@ def run_rank(job_file: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     from trtbuild.core.cache import sha256_file
-    from trtbuild.draft.distributed import PROGRESS_PREFIX, _atomic
+    from trtbuild.core.ranks import PROGRESS_PREFIX, atomic_write
     from trtbuild.quantize import modelopt_fp8
 
     job = CalibrationJob(**json.loads(job_file.read_text()))
@@ -260,10 +259,10 @@ def run_rank(job_file: Path) -> None:
             mtq.quantize(model, cfg, forward_loop)
         amaxes = quantizer_amaxes(model)
         if rank == 0:
-            _atomic(resume / AMAX_FILE, lambda tmp: save_file(amaxes, str(tmp)))
+            atomic_write(resume / AMAX_FILE, lambda tmp: save_file(amaxes, str(tmp)))
             record = {"world_size": world, "batches": len(starts), "quantizers": len(amaxes),
                       "sha256": sha256_file(resume / AMAX_FILE)}
-            _atomic(resume / RESULT_FILE, lambda tmp: tmp.write_text(json.dumps(record)))
+            atomic_write(resume / RESULT_FILE, lambda tmp: tmp.write_text(json.dumps(record)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
