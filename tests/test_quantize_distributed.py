@@ -17,12 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trtbuild.core.cache import default_root as resume_root
 from trtbuild.core.errors import UserError
 from trtbuild.core.progress import Progress
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Artifact, StageContext, StageResult
 from trtbuild.quantize.config import QuantizeConfig
-from trtbuild.quantize.distributed import rank_batches, resume_dir
+from trtbuild.quantize.distributed import rank_batches
 from trtbuild.quantize.stage import QuantizeStage
 
 # 3 batches over 2 ranks: rank 1 repeats its own batch to match rank 0's two forwards.
@@ -98,8 +99,7 @@ def test_two_gloo_ranks_export_the_one_process_scales(model_root: Path, tmp_path
     assert two.metrics["perplexity_quantized"] == one.metrics["perplexity_quantized"]
     assert two.metrics["export_layer_error_max"] == one.metrics["export_layer_error_max"]
     # the finished calibration's resume dir is gone once the stage succeeded
-    config = QuantizeConfig.model_validate({**CONFIG, "calibration": {**CONFIG["calibration"], "processes": 2}})
-    assert not resume_dir(config, "tiny-key").exists()
+    assert not list((resume_root() / "resume").glob("quantize-*"))
 
 
 def test_several_nodes_outside_slurm_write_the_sbatch_script(model_root: Path, tmp_path: Path,
@@ -123,12 +123,12 @@ def test_a_finished_calibration_is_not_run_again(model_root: Path, tmp_path: Pat
     strict = {**CONFIG, "calibration": {**CONFIG["calibration"], "processes": 2}, "gate": {**CONFIG["gate"],
                                                                                            "max_perplexity_ratio": 0.5}}
     config = QuantizeConfig.model_validate(strict)
-    resume = resume_dir(config, "tiny-key")
     ctx = StageContext(recipe=RecipeInfo.standalone(), inputs={"model": Artifact("model", "tiny-key", model_root)},
                        out_dir=tmp_path / "strict")
     (tmp_path / "strict").mkdir()
     with pytest.raises(BuildError, match="gate failed"):
         QuantizeStage().run(config, ctx)
+    (resume,) = (resume_root() / "resume").glob("quantize-*")
     assert (resume / "amax.safetensors").is_file() and (resume / "launch.log").is_file()
     (resume / "launch.log").unlink()  # the launcher writes it whenever it runs ranks
     said = Said()

@@ -50,9 +50,10 @@ class CalibrationJob:
     backend: str  # gloo | nccl
 
 
-def resume_dir(config: Any, model_key: str) -> Path:
-    """Where the ranks' amaxes wait for the stage: keyed by what shapes them (the calibration data and
-    batching, the quantizer config, the model artifact, this code), not by how many ranks ran."""
+def resume_dir(config: Any, model_key: str, data_key: Any = None) -> Path:
+    """Where the ranks' amaxes wait for the stage: keyed by what shapes them (the calibration settings,
+    the data's fingerprint, the quantizer config, the model artifact, this code), not by how many ranks
+    ran."""
     import hashlib
 
     from trtbuild.core.cache import default_root
@@ -62,8 +63,9 @@ def resume_dir(config: Any, model_key: str) -> Path:
                                                       "calibration": True})
     for launch_field in ("processes", "nodes", "backend", "slurm"):
         shaping["calibration"].pop(launch_field)
-    code = [code_version(f"trtbuild.quantize.{m}") for m in ("distributed", "modelopt_fp8")]
-    digest = hashlib.sha256(json.dumps([shaping, model_key, code], sort_keys=True).encode()).hexdigest()
+    code = [code_version(f"trtbuild.quantize.{m}") for m in ("distributed", "modelopt_fp8", "quantization")]
+    digest = hashlib.sha256(json.dumps([shaping, model_key, data_key, code], sort_keys=True,
+                                       default=str).encode()).hexdigest()
     return default_root() / "resume" / f"quantize-{digest[:16]}"
 
 
@@ -75,7 +77,7 @@ GATHERED_LAYERS = 2
 def rank_memory(outside: int, layers: list[int], world: int, bytes_per_parameter: float = 2.0
                 ) -> dict[str, float]:
     """Weight bytes one calibration rank holds: its shards of every decoder layer, the whole layers being
-    all-gathered, and what stays whole on every rank (embeddings, final norm, lm_head; sharding.py)."""
+    all-gathered, and what stays whole on every rank (embeddings, final norm, lm_head; core/fsdp_shards.py)."""
     out = {"shards": bytes_per_parameter * sum(layers) / world,
            "gathered": bytes_per_parameter * GATHERED_LAYERS * max(layers, default=0),
            "replicated": bytes_per_parameter * outside}

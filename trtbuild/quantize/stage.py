@@ -49,7 +49,7 @@ class QuantizeStage(Stage):
         from trtbuild.core.cache import resume_in_use
         from trtbuild.quantize.distributed import resume_dir
 
-        resume = resume_dir(config, model.key)
+        resume = resume_dir(config, model.key, self.key_material(config, ctx.recipe)["calibration_data"])
         with resume_in_use(resume):  # `cache gc` leaves the finished calibration alone while the stage runs
             result = run_quantize(config, model.path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
                                   base_dir=_base_dir(ctx.recipe), resume=resume,
