@@ -36,11 +36,12 @@ BIN := $(patsubst %/,%,$(dir $(shell command -v trtbuild)))
 STAMP :=
 else
 # Create the environment once; reinstall when the requirements change.
-$(STAMP): requirements.txt requirements-fixtures.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-fixtures.txt requirements-dynamo.txt constraints.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt -r requirements-fixtures.txt
+	$(BIN)/python -m pip install -q --no-deps -c constraints.txt -r requirements-dynamo.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	@touch $(STAMP)
 endif

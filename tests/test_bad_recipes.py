@@ -257,6 +257,12 @@ CASES: list[tuple[str, dict[str, str] | str, list[str], str]] = [
     *[(f"engine-slurm-{field}-{value[:12]}", R(f"engine:\n  launcher:\n    slurm:\n      {field}: {value} #!\n"), [],
        field) for field, value in [("job_name", '"a\\nrm -rf"'), ("job_name", "'a b'"), ("partition", "'p;x'"),
                                    ("account", "'$(id)'"), ("time_limit", "forever")]],
+    # issue 38 finding 9: Slurm reads ASCII digits only; \d took "٤:٠٠" (Arabic-Indic) and "４:００" (fullwidth)
+    *[(f"{where}-slurm-time-limit-{name}", R(body.format(value)), [], "time_limit")
+      for where, body in [("engine", "engine:\n  launcher:\n    slurm:\n      time_limit: '{}' #!\n"),
+                          ("draft", "draft:\n  train:\n    slurm:\n      time_limit: '{}' #!\n")]
+      for name, value in [("arabic-indic", "\u0664:\u0660\u0660"), ("fullwidth", "\uff14:\uff10\uff10"),
+                          ("devanagari-days", "\u0967-04:00:00")]],
     ("engine-trtllm-version-unknown", R("engine:\n  trtllm_version: 0.9.0 #!\n"), [], "no TensorRT-LLM contract"),
     ("engine-nodes-world", R("engine:\n  launcher:\n    nodes: 2 #!\n"), [], "nodes"),
     # --- deploy ------------------------------------------------------------------------------------
@@ -438,3 +444,45 @@ def test_local_instances_are_sized_against_memory(tmp_path, monkeypatch, capsys,
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"{tmp_path / 'r.yaml'}:6: deploy.instance_count: 64 local model instances need about" in err, err
     assert "more than this machine's 24.0 GiB" in err and "use at most" in err, err
+
+
+def test_a_1000_deep_extends_chain_is_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 38 finding 8: a RecursionError traceback before."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r999.yaml").write_text(BASE)
+    for i in range(999):
+        (tmp_path / f"r{i}.yaml").write_text(f"extends: r{i + 1}.yaml\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(tmp_path / "r0.yaml")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and "extends" in lines[0], err
+    assert ":1:" in lines[0] and "deep" in lines[0], lines[0]
+    (tmp_path / "r0.yaml").write_text("extends: r990.yaml\n")  # 10 deep: fine
+    main(["validate", str(tmp_path / "r0.yaml")])
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("ram_gib,processes,refused", [(24, 64, True), (24, 8, False), (128, 64, False)])
+def test_training_processes_are_sized_against_memory(tmp_path, monkeypatch, capsys, ram_gib, processes, refused):
+    """Issue 38 finding 4: draft.train.processes 64 passed validate on a 24 GiB machine (about 0.8 GB
+    measured per process); the machine's memory is set here so the case does not depend on the host."""
+    from trtbuild import crosschecks
+
+    monkeypatch.setattr(crosschecks, "machine_memory", lambda: ram_gib << 30)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "r.yaml").write_text(BASE + f"draft:\n  batch_size: 64\n  train:\n    device: cpu\n"
+                                     f"    processes: {processes}\n")
+    if not refused:
+        main(["validate", str(tmp_path / "r.yaml")])
+        assert "ok" in capsys.readouterr().out
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(tmp_path / "r.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{tmp_path / 'r.yaml'}:7: draft.train.processes: 64 training processes need about" in err, err
+    assert "more than this machine's 24.0 GiB" in err and "use at most" in err, err
+    most = int(err.rsplit("use at most ", 1)[1].rstrip(")"))
+    assert 8 <= most < 64, err  # the 8 processes the case above accepts fit, 64 do not

@@ -220,7 +220,9 @@ def test_enums_and_unknown_fields(version: str) -> None:
     contract = load_contract(version)
     assert cv.check_llm_args({"moe_config": {"backend": "TRTLLM"}}, contract) == []
     assert cv.check_llm_args({"moe_config": {"backend": "trtllm"}}, contract)  # a Literal, case matters
-    assert cv.check_llm_args({"kv_cache_config": {"tokens_per_block": 64, "dtype": "fp8"}}, contract) == []
+    kv = cv.check_llm_args({"kv_cache_config": {"tokens_per_block": 64, "dtype": "fp8"}}, contract)
+    # 1.1.0 withholds both (not confirmed at the release: llm_args.not_at_release, tests/test_release_fields.py)
+    assert [v.field.rsplit(".", 1)[-1] for v in kv] == (["tokens_per_block", "dtype"] if version == "1.1.0" else [])
     assert cv.check_llm_args({"kv_cache_config": {"free_gpu_mem_fraction": 0.5}}, contract)
     assert cv.check_llm_args({"enable_min_latency": "yes"}, contract)  # a bool
     assert cv.check_llm_args({"tensor_paralel_size": 2}, contract)
@@ -260,14 +262,18 @@ def test_requests_use_the_llmapi_models_field_names(version: str) -> None:
 
 @pytest.mark.parametrize("version", ["1.1.0", "1.2.1"])
 def test_open_questions_of_the_release_contracts(version: str) -> None:
-    """1.1.0 / 1.2.1: the EAGLE-3 option model has eagle3_layers_to_capture, and a draft config.json
-    without draft_vocab_size does not load (Eagle3DraftModel reads it as an attribute)."""
+    """1.2.1: the EAGLE-3 option model has eagle3_layers_to_capture; 1.1.0: not confirmed at the release
+    (seen only after release/1.1 branched), so the contract refuses it. Both: a draft config.json without
+    draft_vocab_size does not load (Eagle3DraftModel reads it as an attribute)."""
     contract = load_contract(version)
     eagle = contract.section("speculative")["decoding_types"]["Eagle"]["fields"]
-    assert "eagle3_layers_to_capture" in eagle and contract.section("eagle3_draft")["layers_to_capture_option"]
+    has = version != "1.1.0"
+    assert ("eagle3_layers_to_capture" in eagle) is has
+    assert contract.section("eagle3_draft")["layers_to_capture_option"] is has
     options = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "./draft",
                "eagle3_layers_to_capture": [1, 15, 28]}
-    assert cv.check_speculative(options, contract) == []
+    found = cv.check_speculative(options, contract)
+    assert [v.field.rsplit(".", 1)[-1] for v in found] == ([] if has else ["eagle3_layers_to_capture"])
     config = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000}
     assert cv.check_draft_config(config, contract) == []
     missing = cv.check_draft_config({"architectures": ["LlamaForCausalLMEagle3"]}, contract)

@@ -278,3 +278,27 @@ def test_several_nodes_under_slurm(tiny_target: Artifact, tmp_path: Path, monkey
         log = Path(str(exc.fix).removeprefix("full log: "))
         pytest.fail(f"{exc.one_line()}\n{log.read_text(errors='replace')[-4000:] if log.is_file() else ''}")
     assert metrics["train_processes"] == 2 and by_stage == by_script
+
+
+def test_a_held_rendezvous_port_inside_an_allocation_is_one_line(tiny_target: Artifact, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                 monkeypatch) -> None:
+    """Issue 38 finding 5: another program listening on rdzv_port of the first node (this one): the
+    build printed nothing and hung; now one line names the field before anything is launched."""
+    import socket
+
+    from trtbuild.core.errors import UserError
+
+    bin_dir = _slurm_standins(tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        with pytest.raises(UserError) as stopped:
+            run_stage(tiny_target, tmp_path / "held", 0, processes=1, nodes=2, slurm={"rdzv_port": port})
+    line = stopped.value.one_line()
+    assert line.startswith("draft.train.slurm.rdzv_port:") and f"port {port}" in line, line
+    assert len(line.splitlines()) == 1

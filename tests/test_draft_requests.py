@@ -60,6 +60,32 @@ def test_requests_are_distinct_and_seeded(target: Path) -> None:
     assert synthesize(model, tokenizer, 12, seed=4, max_tokens=12) != first
 
 
+def test_killed_synthesis_resumes_to_the_same_requests(target: Path, tmp_path: Path) -> None:
+    """Requests are saved batch by batch: a run killed in its second batch resumes from the first
+    batch's requests and ends with exactly the uninterrupted run's list."""
+    from trtbuild.draft.requests import BATCH, synthesize
+
+    model, tokenizer = _model_and_tokenizer(target)
+    count = BATCH + 8  # at least two batches
+    whole = synthesize(model, tokenizer, count, seed=5, max_tokens=8)
+    progress = tmp_path / "progress.json"
+    written = 0
+
+    def kill_in_second_batch(n: int) -> None:
+        nonlocal written
+        written += n
+        if written > BATCH + 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        synthesize(model, tokenizer, count, seed=5, max_tokens=8, advance=kill_in_second_batch,
+                   progress_file=progress)
+    saved = json.loads(progress.read_text())
+    assert saved["next_batch"] >= 1 and 0 < len(saved["requests"]) <= written
+    assert saved["requests"] == whole[: len(saved["requests"])]
+    assert synthesize(model, tokenizer, count, seed=5, max_tokens=8, progress_file=progress) == whole
+
+
 def test_a_model_that_always_ends_the_turn_at_once_gives_no_request(target: Path) -> None:
     """Empty requests are dropped, and synthesis stops after 4x the asked count of samples."""
     from trtbuild.draft.requests import synthesize

@@ -99,3 +99,18 @@ def test_export_check_catches_a_wrong_expert_scale(model_root: Path, run, tmp_pa
     save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(BuildError, match="does not reproduce.*decoder layer 1 "):
         check_export(broken, reference, base)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_export_the_one_process_experts(model_root: Path, run, tmp_path: Path) -> None:
+    """quantize.calibration.processes 2 on the MoE target: each rank holds half of every decoder layer
+    (stacked experts included) and calibrates one of the two batches; the export equals one process's."""
+    two = run_stage(model_root, tmp_path / "two", {**SMALL, "calibration": {**SMALL["calibration"], "processes": 2,
+                                                                           "backend": "gloo"}})
+    assert two.metrics["calibration_processes"] == 2
+    one_dir, two_dir = run[1] / "hf", tmp_path / "two" / "hf"
+    ref = {k: v for f in sorted(one_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+    got = {k: v for f in sorted(two_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert set(got) == set(ref) and any("experts" in k and k.endswith("input_scale") for k in ref)
+    for name, tensor in ref.items():
+        assert torch.equal(got[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name

@@ -134,18 +134,37 @@ def test_plan_says_calibration_memory_and_gpus(capsys: pytest.CaptureFixture[str
     recipe = RECIPES_DIR / "llama-4-maverick-fp8-eagle3-tp8.yaml"
     notes = _plan(recipe, capsys, "--set", "quantize.format=fp8")["notes"]
     warning = next(n for n in notes if "exceed one node" in n)
-    assert "multinode_ptq.py" in warning and "accelerate" in warning
+    assert "multinode_ptq.py" not in warning and "quantize.calibration" in warning
+    # the calibration ranks' weights: shards + two whole all-gathered layers + embeddings/head, from the
+    # stand-in's per-layer parameter counts (Maverick's MoE layers are the largest)
+    from trtbuild.app.gpu_plan import parameter_layout
+    from trtbuild.model.source import text_config
+
+    standin = _standin(recipe)
+    outside, layers = parameter_layout(standin)
+    assert len(layers) == text_config(standin)["num_hidden_layers"]
+    two_nodes = _plan(recipe, capsys, "--set", "quantize.format=fp8", "--set", "quantize.calibration.processes=8",
+                      "--set", "quantize.calibration.nodes=2")["notes"]
+    launch = next(n for n in two_nodes if "quantize launch:" in n)
+    per_rank = 2.0 * (sum(layers) / 16 + 2 * max(layers) + outside)
+    assert "2 node(s) x 8 process(es)" in launch and f"~{per_rank / 1e9:.1f} GB" in launch
+    assert ("!! over" in launch) == (per_rank > CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9)
+    assert "srun under Slurm" in next(n for n in two_nodes if "quantize: ModelOpt" in n)
     small = _plan(RECIPES_DIR / "llama-3.1-8b-instruct-fp8-eagle3.yaml", capsys)["notes"]
     assert not any("exceed one" in n for n in small)
     memory = next(n for n in small if "quantize memory:" in n)
     assert "-> 1 x 80 GB GPU(s)" in memory and "on cuda:0" in next(n for n in small if "quantize: ModelOpt" in n)
+    assert "1 node(s) x 1 process(es)" in next(n for n in small if "quantize launch:" in n)
     # 70 B parameters: 140 GB of BF16 over GPUs holding 80% of 80 GB each
     assert calibration_gpus(70 * 10**9) == math.ceil(140e9 / (CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9)) == 3
 
 
-def test_tiny_recipe_plan_notes_only_the_gemm_plugin(capsys: pytest.CaptureFixture[str]):
+def test_tiny_recipe_plan_notes_only_the_gemm_plugin_and_dynamo(capsys: pytest.CaptureFixture[str]):
     notes = _plan(RECIPES_DIR / "tiny-cpu.yaml", capsys)["notes"]
     assert notes[0] == "gemm plugin (engine.gemm_plugin):"
-    assert [n.split(":")[0].strip() for n in notes[1:]] == ["sm_90a", "sm_100a"]
+    assert [n.split(":")[0].strip() for n in notes[1:]] == ["sm_90a", "sm_100a", "dynamo (deploy.dynamo)"]
     assert all("run spatial_partition at these token counts: fused qkv 1..16, o_proj 1..16, fused gate_up 1..16, "
-               "down_proj 1..16 " in n for n in notes[1:])
+               "down_proj 1..16 " in n for n in notes[1:3])
+    # deploy.target names dynamo: plan says what it writes, on how many GPUs per worker, with which image.
+    assert "deploy/dynamo/dgd_agg.yaml (Frontend + 1 TRTLLMWorker x 1 GPU)" in notes[3]
+    assert "tensorrtllm-runtime:1.6.1" in notes[3] and "TensorRT-LLM 1.3.0rc29" in notes[3]

@@ -129,3 +129,8 @@ def test_parameter_estimate_matches_transformers(config_file: Path):
         with torch.device("meta"):
             model = LlamaForCausalLM(LlamaConfig(**config))
     assert estimate_parameters(config) == sum(p.numel() for p in model.parameters())
+    from trtbuild.app.gpu_plan import parameter_layout
+
+    outside, layers = parameter_layout(config)  # what `plan` sizes a calibration rank's shards from
+    assert layers == [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
+    assert outside == sum(p.numel() for n, p in model.named_parameters() if ".layers." not in n)

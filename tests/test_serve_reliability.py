@@ -262,6 +262,38 @@ def test_abandoned_non_streaming_requests_are_cancelled(served: Serve) -> None:
     assert waited < 4 * one + 1.0, (waited, one)
 
 
+def test_abandoned_generate_stream_without_stream_flag_is_cancelled(served: Serve) -> None:
+    """Issue 38 finding 3: /generate_stream without `"stream": true` on the Triton front was not
+    cancelled when its client left (a 24-token request then waited 18 s behind 8 of them)."""
+    url = f"http://{served.http}/v2/models/llm/generate_stream"
+    whole = requests.post(url, json={"text_input": "def parse(text):", "max_tokens": 6}, timeout=60)
+    events = [e for e in whole.content.decode("utf-8").split("\n\n") if e.strip()]
+    assert whole.status_code == 200 and len(events) == 1, whole.text  # still one answer, as tritonserver's
+    direct = served.generate(max_tokens=6)
+    assert json.loads(events[0].removeprefix("data:"))["text_output"] == direct.json()["text_output"]
+
+    started = time.monotonic()
+    assert served.generate(max_tokens=24).status_code == 200
+    one = time.monotonic() - started
+    body = json.dumps({"text_input": "def parse(text):", "max_tokens": 200}).encode()
+    socks = []
+    for _ in range(12):  # three batches of 4
+        sock = socket.create_connection(("127.0.0.1", served.ports[0]))
+        sock.sendall(b"POST /v2/models/llm/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(sock)
+    time.sleep(0.5)
+    for sock in socks:
+        sock.close()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert served.generate(max_tokens=24).status_code == 200
+    waited = time.monotonic() - started
+    print(f"after 12 abandoned generate_stream requests: a 24-token request took {waited:.2f} s (alone: {one:.2f} s)")
+    # Run to their end, the 12 x 200 tokens would hold the batch of 4 for ~20 x `one`.
+    assert waited < 4 * one + 1.0, (waited, one)
+
+
 def test_1_gib_grpc_prompt_is_refused_before_it_is_received(served: Serve) -> None:
     """Finding 6: tritonserver held 3.4 GB and its stub 4.3 GB for one 1 GiB gRPC prompt."""
     import grpc
@@ -346,6 +378,38 @@ def test_undecodable_bodies_are_400(served: Serve) -> None:
     deflated = requests.post(url, data=zlib.compress(good), timeout=30,
                              headers={"Content-Type": "application/json", "Content-Encoding": "deflate"})
     assert deflated.status_code == 200  # what decodes is served
+    assert served.answering()
+
+
+def test_triton_front_refuses_bodies_it_cannot_read_with_one_line_each(served: Serve) -> None:
+    """Issue 38 finding 10: /generate answered 500 to a lone surrogate and 200 to an unknown charset,
+    and each bad br / deflate body wrote a 40-line traceback to serve's log."""
+    url = f"http://{served.http}{GENERATE}"
+    good = json.dumps({"text_input": "def", "max_tokens": 2}).encode()
+    logged = len(served.log)
+    cases = {
+        "surrogate": (b'{"text_input": "a\\ud800b", "max_tokens": 2}', {}, 400, "surrogate"),
+        "unknown-charset": (good, {"Content-Type": "application/json; charset=x-no-such"}, 415, "charset"),
+        "latin-1": (good, {"Content-Type": "application/json; charset=latin-1"}, 415, "charset"),
+        "br": (good, {"Content-Encoding": "br"}, 400, "cannot be decoded"),
+        "deflate": (b"\x78\x9c not deflate at all", {"Content-Encoding": "deflate"}, 400, "cannot be decoded"),
+        "gzip": (b"\x1f\x8b not gzip", {"Content-Encoding": "gzip"}, 400, "cannot be decoded"),
+    }
+    for name, (body, headers, status, fragment) in cases.items():
+        for _ in range(2):
+            response = requests.post(url, data=body, timeout=30,
+                                     headers={"Content-Type": "application/json", **headers})
+            assert response.status_code == status, (name, response.status_code, response.text)
+            assert fragment in response.json()["error"], (name, response.text)
+    for encoding in ("br", "deflate"):  # the same on the OpenAI front's connections
+        response = requests.post(f"{served.openai}/completions", data=b"\x78\x9c junk", timeout=30,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": encoding})
+        assert response.status_code == 400, response.text
+    utf8 = requests.post(url, data=good, timeout=60, headers={"Content-Type": "application/json; charset=UTF-8"})
+    assert utf8.status_code == 200, utf8.text
+    time.sleep(1)  # what the server would log after answering (draining the rest of the body) comes now
+    new = "".join(served.log[logged:])
+    assert "Traceback" not in new and "Unhandled exception" not in new, new[-3000:]
     assert served.answering()
 
 
@@ -442,3 +506,114 @@ def test_sigkill_of_serve_leaves_nothing_and_the_next_serve_starts(deploy: Path)
             second.stop()
     finally:
         first.stop()
+
+
+# -- issue 38 finding 1: after a restart, serve talks to its own tritonserver only -----------------
+
+def _internal_ports(triton_pid: int) -> tuple[int, int]:
+    """tritonserver's own HTTP and gRPC ports, from its command line."""
+    argv = Path(f"/proc/{triton_pid}/cmdline").read_bytes().decode().split("\0")
+    value = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if a.startswith("--") and "=" in a}
+    return int(value["--http-port"]), int(value["--grpc-port"])
+
+
+class _Squatter:
+    """Binds `port` as soon as it is free; answering: a plain HTTP server saying 200 "SQUATTED" to
+    everything and recording each request's headers; silent: listens and never accepts."""
+
+    def __init__(self, port: int, answering: bool) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"port {port} never came free"
+                time.sleep(0.001)
+        self.sock.listen(64)
+        self.headers: list[str] = []
+        self.answering = answering
+        if answering:
+            threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        piece = conn.recv(65536)
+                        if not piece:
+                            break
+                        head += piece
+                    self.headers.append(head.decode("latin-1"))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n"
+                                 b"Connection: close\r\n\r\n" + b'"SQUATTED"')
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _kill_squat_and_recover(served: Serve, answering: bool, expected: tuple[str, str]) -> None:
+    from trtbuild.serve.server import FRONT_KEY_HEADER
+
+    old_pid = served.triton_pid
+    http_port, _ = _internal_ports(old_pid)
+    restarts = "".join(served.log).count("ready again")
+    os.kill(old_pid, signal.SIGKILL)
+    squatter = _Squatter(http_port, answering)
+    try:
+        deadline = time.monotonic() + 300
+        # Meanwhile: health says 200 only when a request would succeed, and no answer is the squatter's.
+        while "".join(served.log).count("ready again") == restarts:
+            assert served.proc.poll() is None and time.monotonic() < deadline, "".join(served.log)
+            health = [requests.get(f"http://127.0.0.1:{served.ports[3]}/health", timeout=70).status_code,
+                      requests.get(f"http://{served.http}/v2/health/ready", timeout=70).status_code]
+            completion = served.complete(timeout=70)
+            generated = served.generate(timeout=70)
+            assert "SQUATTED" not in completion.text + generated.text
+            assert completion.status_code in (200, 503) and generated.status_code in (200, 503)
+            if completion.status_code == 200:
+                assert completion.json()["choices"][0]["text"] == expected[0]
+            # Ready stays ready: a 200 from a health endpoint promises that the requests after it succeed.
+            assert health[0] != 200 or completion.status_code == 200, (health, completion.text)
+            assert health[1] != 200 or generated.status_code == 200, (health, generated.text)
+            time.sleep(0.2)
+        served.triton_pid = int(re.findall(r"ready again \(pid (\d+)\)", "".join(served.log))[-1])
+        assert _internal_ports(served.triton_pid)[0] != http_port  # it moved off the squatted port
+        completion = served.complete(timeout=70)
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["choices"][0]["text"] == expected[0]
+        generated = served.generate(timeout=70)
+        assert generated.status_code == 200 and generated.json()["text_output"] == expected[1], generated.text
+        assert served.grpc_ready()
+        assert requests.get(f"http://127.0.0.1:{served.ports[3]}/health", timeout=10).status_code == 200
+        assert requests.get(f"http://{served.http}/v2/health/ready", timeout=10).status_code == 200
+        assert not [h for h in squatter.headers if FRONT_KEY_HEADER in h.lower()], squatter.headers
+    finally:
+        squatter.close()
+
+
+def test_after_a_restart_every_front_talks_to_its_own_tritonserver_only(deploy: Path) -> None:
+    """A tritonserver killed with -9 whose HTTP port another process takes at once (one that answers
+    everything with 200, then one that never answers): serve recovers to a new tritonserver, the
+    OpenAI, HTTP and gRPC fronts answer the right text, the squatter gets no request with the key."""
+    served = Serve(deploy)
+    try:
+        first = served.complete()
+        generated = served.generate()
+        assert first.status_code == 200 and generated.status_code == 200
+        expected = (first.json()["choices"][0]["text"], generated.json()["text_output"])
+        _kill_squat_and_recover(served, answering=True, expected=expected)
+        _kill_squat_and_recover(served, answering=False, expected=expected)
+        served.proc.send_signal(signal.SIGINT)
+        assert served.proc.wait(timeout=60) == 0, "".join(served.log)
+    finally:
+        served.stop()

@@ -61,25 +61,38 @@ def test_dispatch_and_load_time_shuffle(module_dir: Path, release: str) -> None:
     out = run_scenario(module_dir, release, "float32")
     assert out["report"][f"release:{release}"] == 1  # selected from tensorrt_llm.__version__
     assert out["imported"] == []  # nothing from trtbuild or the repository's plugins/ package
+    # 1.1 / 1.2: one copy (the plugin owns the weight, TensorRT-LLM's tensor is released, its kernel serves
+    # prefill too); main's apply can ask for an NCCL-window output only TensorRT-LLM's GEMM writes: two copies.
+    one_copy = not release.startswith("main")
     for name, entry in out["linears"].items():
         assert entry["prepared"], name
         assert entry["kernel"] == "spatial_partition"
         assert entry["role"] == ("attention" if name in ("qkv_proj", "o_proj") else "dense")
-        # TensorRT-LLM keeps its standard [N, K] fp8 weight; the plugin copy is its tile layout.
+        assert entry["owns_weight"] is one_copy
         assert entry["weight_layout"][1] == "torch.float8_e4m3fn"
+        # The plugin's tensor is the tile layout of the weight TensorRT-LLM loads (tests pad to 128 x 128).
         assert entry["shuffled_equals_weight"] and entry["shuffled_is_layout_of_weight"]
+        n, k = entry["weight_shape"]
+        tiles = -(-n // 128) * 128 * (-(-k // 128) * 128)  # the shuffled tensor: [N, K] zero-padded to tiles
+        if one_copy:  # one weight tensor per patched linear after post_load_weights: the plugin's
+            assert entry["weight_layout"][0][0] == 0 and entry["fp8_bytes"] == tiles, entry
+        else:
+            assert entry["weight_layout"][0] == [n, k] and entry["fp8_bytes"] == n * k + tiles, entry
         for tokens, run in entry["runs"].items():
-            decode = int(tokens) <= 16
-            assert run["path"] == ("plugin" if decode else "own"), (name, tokens)
-            assert run["own_gemm_called"] is (not decode), (name, tokens)
+            plugin = one_copy or int(tokens) <= 16
+            assert run["path"] == ("plugin" if plugin else "own"), (name, tokens)
+            assert run["own_gemm_called"] is (not plugin), (name, tokens)
             assert run["dtype"] == "torch.float32"
             # Same fp8 operands, float32 accumulation on both paths: equal up to summation order.
             assert run["max_abs_vs_own"] <= 1e-5 * max(1.0, run["ref_scale"]), (name, tokens, run)
             assert run["max_abs_vs_ref"] <= 1e-5 * max(1.0, run["ref_scale"]), (name, tokens, run)
     assert out["three_d"] == {"shape": [2, 4, (4 + 2 * 2) * 24], "plugin": True}
     assert out["reload_reshuffled"]
+    assert out["reload_fp8_bytes"] == out["linears"]["o_proj"]["fp8_bytes"]  # still one copy after a reload
     assert out["attention_only"] == {"qkv_proj": True, "o_proj": True, "gate_up_proj": False,
                                      "down_proj": False}
+    assert out["deselected_weight_restored"]
+    assert out["report"].get("weight released", 0) >= (4 if one_copy else 0)
     if release.startswith("main"):
         assert out["window_output_plugin"] is False
 
@@ -152,12 +165,36 @@ def test_shipped_files_match_the_repository(module_dir: Path) -> None:
     assert config["o_proj_in_features"] == [96] and config["down_proj_in_features"] == [160]
 
 
-def start_server(module_dir: Path, release: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+def start_server(module_dir: Path, release: str, *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}), PYTHONPATH=os.pathsep.join(
         [str(module_dir), str(STANDINS / RELEASES[release]), str(STANDINS)]))
     env.pop("TRTBUILD_GEMM", None)
     return subprocess.run([sys.executable, str(STANDINS / "server_start.py"), *args], env=env, cwd=module_dir,
                           capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_the_server_log_says_the_plugin_is_there(tmp_path: Path, module_dir: Path, release: str) -> None:
+    """Issue 37.2: one line per server process, on stderr through the module's own handler (trtllm-serve and
+    Triton configure no Python logging): the release, how many linears are patched, the kernel per shape,
+    fallbacks; the same counts as JSON where TRTBUILD_GEMM_REPORT_DIR points."""
+    reports = tmp_path / "reports"
+    done = start_server(module_dir, release, env={"TRTBUILD_GEMM_REPORT_DIR": str(reports)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = [line for line in done.stderr.splitlines() if "FP8 linears patched" in line]
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    installed = out["version"]
+    assert line.startswith(f"trtbuild_gemm: pid {out['pid']}, TensorRT-LLM {installed} (convention {release})")
+    assert ": 1 FP8 linears patched (attention 1)" in line  # server_start.py loads one o_proj
+    assert "spatial_partition: 160x96 x1 attention" in line and "fallbacks: none" in line
+    (report,) = reports.glob("trtbuild_gemm.*.json")
+    data = json.loads(report.read_text())
+    assert report.name == f"trtbuild_gemm.{out['pid']}.json"
+    assert data["patched"] == 1 and data["convention"] == release and data["installed"] == installed
+    assert data["kernels"] == {"spatial_partition": [{"n": 160, "k": 96, "role": "attention", "linears": 1}]}
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
@@ -197,9 +234,13 @@ def test_a_kernel_the_containers_triton_cannot_build_falls_back_with_one_line(tm
     assert out["prepared"] and out["report"].get("plugin", 0) == 0
     assert out["report"]["fallback:spatial_partition"] == 1 and out["report"]["own"] == 2
     assert out["max_abs_vs_own"] == 0.0 and out["again_vs_own"] == 0.0
-    lines = [line for line in broken.stderr.splitlines() if "trtbuild_gemm" in line]
+    lines = [line for line in broken.stderr.splitlines() if "cannot run" in line]
     assert len(lines) == 1 and "spatial_partition cannot run with this Triton" in lines[0], broken.stderr
     assert "make_tensor_descriptor" in lines[0]
+    # The startup line (written at the first forward, before the failing call) and nothing else.
+    assert [line for line in broken.stderr.splitlines() if "trtbuild_gemm" in line] == [
+        line for line in broken.stderr.splitlines() if "FP8 linears patched" in line or "cannot run" in line
+        or "linears run" in line]
 
 
 def test_min_latency_linears_get_the_plugin_only_where_they_call_quant_method_apply(tmp_path: Path) -> None:

@@ -11,6 +11,12 @@
     cpu_kernel   (tests only) "interpret": CPU tensors run the Triton kernel in the interpreter instead
                  of the op's torch reference, so a kernel that cannot be built fails as on a GPU
 
+One copy of each weight: on releases whose apply has no output-buffer argument (1.1, 1.2), the shuffled
+tensor replaces TensorRT-LLM's weight after load (TensorRT-LLM's tensor is released) and the plugin's
+kernel serves every token count of that linear, prefill included; it is unshuffled back whenever
+TensorRT-LLM needs it (a reload, a call the kernel cannot take, a kernel that cannot run here). Config
+`own_weight: false` keeps both copies (the plugin then serves up to `max_tokens` only).
+
 The module never stops the server: a kernel that cannot be built or run by the installed Triton, a
 TensorRT-LLM whose classes differ from the recorded convention, or a failing weight shuffle each log
 one line and leave TensorRT-LLM's own GEMM in place.
@@ -40,6 +46,8 @@ _PATCHED_FLAG = "__trtbuild_gemm_patched__"
 _COUNTS: Counter = Counter()  # "prepared:<kernel>:<role>", "plugin", "own", "skipped:<why>", "fallback:<kernel>"
 _BROKEN: dict[str, str] = {}  # kernel -> why it cannot run here (every later call keeps TensorRT-LLM's GEMM)
 _PREPARED: weakref.WeakSet = weakref.WeakSet()  # linears holding a shuffled copy (freed when their kernel breaks)
+_SHAPES: Counter = Counter()  # (kernel, role, n, k) of every linear prepared in this process
+_ANNOUNCED: list[bool] = [False]  # the startup line (startup.announce) is written once per process
 
 
 class ConventionError(RuntimeError):
@@ -92,6 +100,7 @@ class _Plugin:
     max_tokens: int
     role: str
     min_tokens: int = 1  # above what TensorRT-LLM's min-latency kernels take (they bypass quant_method.apply)
+    owns_weight: bool = False  # TensorRT-LLM's [N, K] tensor was released: the plugin serves every token count
 
 
 def _role(linear: Any, config: dict[str, Any]) -> str | None:
@@ -142,14 +151,20 @@ def first_plugin_token(linear: Any, min_latency: dict[str, Any] | None) -> int:
 
 
 def prepare(linear: Any, method_cls: type, config: dict[str, Any],
-            min_latency: dict[str, Any] | None = None) -> _Plugin | None:
+            min_latency: dict[str, Any] | None = None, own_weight: bool = False) -> _Plugin | None:
     """Shuffle a selected FP8 linear's weight into the plugin layout (once per weight load); nothing for a
-    linear that never reaches quant_method.apply at the plugin's token counts."""
+    linear that never reaches quant_method.apply at the plugin's token counts.
+
+    `own_weight` (releases whose apply has no output-buffer argument, config `own_weight` not false): when
+    TensorRT-LLM calls apply for every token count of this linear (no min-latency kernels of its own), the
+    shuffled tensor replaces TensorRT-LLM's weight, which is released: one copy per linear. Its kernel then
+    serves prefill too; if it cannot run, the weight is unshuffled back (`_restore`)."""
     import torch
 
     from ..common.arch import ARCHS
     from ..common.layout import shuffle
 
+    _restore(linear)
     linear.__dict__.pop(_STATE_ATTR, None)
     if type(getattr(linear, "quant_method", None)) is not method_cls:
         return None
@@ -162,6 +177,9 @@ def prepare(linear: Any, method_cls: type, config: dict[str, Any],
     if weight is None or weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or \
             weight_scale is None or weight_scale.numel() != 1:
         _COUNTS["skipped:not per-tensor fp8"] += 1
+        return None
+    if getattr(linear, "input_scale", None) is None or getattr(linear, "force_dynamic_quantization", False):
+        _COUNTS["skipped:dynamic input scale"] += 1  # apply would never take the plugin path
         return None
     arch = _arch_of(weight.device, config)
     kernel = config.get("kernels", {}).get(arch) if arch else None
@@ -183,11 +201,41 @@ def prepare(linear: Any, method_cls: type, config: dict[str, Any],
                     int(config["max_tokens"]), role, first)
     linear.__dict__[_STATE_ATTR] = state
     _PREPARED.add(linear)
+    if own_weight and first == 1 and config.get("own_weight", True):
+        _release(linear, state)
     if not any(key.startswith("prepared:") for key in _COUNTS):
         LOG.info("trtbuild_gemm: FP8 %s linears run %s for <= %d tokens", "/".join(sorted(wanted)),
                  kernel, state.max_tokens)
     _COUNTS[f"prepared:{kernel}:{role}"] += 1
+    _SHAPES[(kernel, role, int(n), int(k))] += 1
     return state
+
+
+def _release(linear: Any, state: _Plugin) -> None:
+    """Drop TensorRT-LLM's [N, K] weight storage (the Parameter object stays, holding an empty tensor):
+    the shuffled tensor is the only copy. The CUDA caching allocator gets the block back at once, so
+    the KV cache TensorRT-LLM sizes after loading can take it."""
+    import torch
+
+    weight = linear.weight
+    weight.data = torch.empty((0, state.k), dtype=weight.dtype, device=weight.device)
+    state.owns_weight = True
+    _COUNTS["weight released"] += 1
+    if weight.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _restore(linear: Any) -> None:
+    """Give a linear whose weight the plugin owns its standard [N, K] tensor back (unshuffled), before
+    TensorRT-LLM reads or reloads it, or when its kernel cannot run; the plugin state stays."""
+    from ..common.layout import unshuffle
+
+    state = linear.__dict__.get(_STATE_ATTR)
+    if state is None or not state.owns_weight:
+        return
+    linear.weight.data = unshuffle(state.weight, state.n, state.k)
+    state.owns_weight = False
+    _COUNTS["weight restored"] += 1
 
 
 def _kernel_call(kernel: str, device: Any, config: dict[str, Any]) -> Any:
@@ -208,6 +256,7 @@ def _give_up(kernel: str, exc: BaseException) -> None:
     for linear in list(_PREPARED):
         state = linear.__dict__.get(_STATE_ATTR)
         if state is not None and state.kernel == kernel:
+            _restore(linear)
             del linear.__dict__[_STATE_ATTR]
     LOG.warning("trtbuild_gemm: %s cannot run with this Triton (%s); FP8 linears use TensorRT-LLM's own GEMM",
                 kernel, _BROKEN[kernel])
@@ -274,10 +323,13 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
 
     @functools.wraps(own_apply)
     def apply(self: Any, module: Any, input: Any, bias: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ANNOUNCED[0]:  # the first forward (TensorRT-LLM's warm-up at server start): say what runs
+            _announce()
         state = module.__dict__.get(_STATE_ATTR)
         if state is not None and getattr(input, "dim", None) is not None and input.dim() >= 1:
             tokens = input.numel() // max(1, input.shape[-1])
-            if (state.min_tokens <= tokens <= state.max_tokens and module.input_scale is not None
+            top = tokens if state.owns_weight else state.max_tokens  # one copy: prefill runs the kernel too
+            if (state.min_tokens <= tokens <= top and module.input_scale is not None
                     and state.kernel not in _BROKEN
                     and not getattr(module, "force_dynamic_quantization", False)
                     and (buffer is None or kwargs.get(buffer[0], args[buffer[1]] if len(args) > buffer[1]
@@ -290,6 +342,9 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
                 else:
                     _COUNTS["plugin"] += 1
                     return y
+            elif state.owns_weight:  # a call the kernel cannot take: TensorRT-LLM gets its weight back
+                _restore(module)
+                _COUNTS["fallback:restored weight"] += 1
         _COUNTS["own"] += 1
         return own_apply(self, module, input, bias, *args, **kwargs)
 
@@ -297,12 +352,15 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
     owner = linear_cls if hook["owner"] == conv["linear_class"] else method_cls
     own_hook = getattr(owner, hook["method"])
 
+    own_weight = not conv.get("output_buffer_kind")  # an NCCL-window call needs TensorRT-LLM's weight
+
     @functools.wraps(own_hook)
     def post_load(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = own_hook(self, *args, **kwargs)
         linear = self if owner is linear_cls else args[0]
+        _restore(linear)  # TensorRT-LLM's own hook sees its weight
+        result = own_hook(self, *args, **kwargs)
         try:
-            prepare(linear, method_cls, config, conv.get("min_latency"))
+            prepare(linear, method_cls, config, conv.get("min_latency"), own_weight)
         except Exception as exc:  # never fail TensorRT-LLM's weight loading because of the plugin
             linear.__dict__.pop(_STATE_ATTR, None)
             if not _COUNTS[f"skipped:prepare failed: {type(exc).__name__}"]:
@@ -311,6 +369,14 @@ def patch_linear_module(linear_module: Any, conv: dict[str, Any], config: dict[s
             _COUNTS[f"skipped:prepare failed: {type(exc).__name__}"] += 1
         return result
 
+    own_load = getattr(linear_cls, "load_weights", None)
+    if callable(own_load):
+        @functools.wraps(own_load)
+        def load_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _restore(self)  # a weight update copies into TensorRT-LLM's [N, K] tensor: give it back first
+            return own_load(self, *args, **kwargs)
+
+        linear_cls.load_weights = load_weights
     method_cls.apply = apply
     setattr(owner, hook["method"], post_load)
     setattr(method_cls, _PATCHED_FLAG, True)
@@ -354,7 +420,9 @@ def _on_linear_import(config: dict[str, Any]) -> Any:
         # Runs inside `import tensorrt_llm` (its __init__ imports the models, hence this module, before
         # its version): never read the half-initialised package, and never fail its import.
         try:
-            key = select_release(installed_version(), config["releases"])
+            version = installed_version()
+            _COUNTS[f"installed:{version}"] += 1
+            key = select_release(version, config["releases"])
             patch_linear_module(module, config["releases"][key]["linear"], config)
         except Exception as exc:
             _COUNTS[f"skipped:{type(exc).__name__}"] += 1
@@ -364,8 +432,31 @@ def _on_linear_import(config: dict[str, Any]) -> Any:
     return callback
 
 
+def _announce() -> None:
+    _ANNOUNCED[0] = True
+    try:
+        from .startup import announce
+
+        announce(LOG, dict(_COUNTS), dict(_SHAPES), dict(_BROKEN))
+    except Exception as exc:  # never fail a forward because of the report
+        LOG.warning("trtbuild_gemm: no startup summary (%s: %s)", type(exc).__name__, exc)
+
+
+def _own_handler() -> None:
+    """A stderr handler of the module's own: neither trtllm-serve nor Triton's python backend configures
+    Python logging, so without it the module's lines would not show (failures included)."""
+    if not any(getattr(h, "_trtbuild_gemm", False) for h in LOG.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._trtbuild_gemm = True  # type: ignore[attr-defined]
+        LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    LOG.propagate = False
+
+
 def install(config: dict[str, Any]) -> None:
     """Patch TensorRT-LLM's linear module now if imported, else when it is (idempotent)."""
+    _own_handler()
     if os.environ.get("TRTBUILD_GEMM", "on").lower() in ("0", "off", "false", "no"):
         LOG.info("trtbuild_gemm: off (TRTBUILD_GEMM); FP8 linears keep TensorRT-LLM's GEMM")
         return

@@ -53,18 +53,33 @@ checkpoint = {
 }
 block = model_loader.load(Block(), checkpoint)
 own_apply = L.FP8QDQLinearMethod.apply.__wrapped__
+# The same checkpoint through TensorRT-LLM's own load_weights only (no post-load hook, so no plugin): the
+# weight TensorRT-LLM would hold, and its own GEMM on it, to compare with.
+reference = Block()
+for name, weights in checkpoint.items():
+    L.Linear.load_weights.__wrapped__(getattr(reference, name), weights)
 out: dict = {"release": trtbuild_gemm.report(), "linears": {}}
 
+
+def fp8_bytes(module: torch.nn.Module) -> int:
+    """Bytes of every fp8 tensor a linear holds: its parameters and the plugin's shuffled tensor."""
+    total = sum(t.numel() for t in module.parameters() if t.dtype == torch.float8_e4m3fn)
+    state = module.__dict__.get("_trtbuild_gemm")
+    return total + (state.weight.numel() if state is not None else 0)
+
+
 for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-    lin = getattr(block, name)
+    lin, ref_lin = getattr(block, name), getattr(reference, name)
     state = lin.__dict__.get("_trtbuild_gemm")
     entry = {"prepared": state is not None, "role": getattr(state, "role", None),
-             "kernel": getattr(state, "kernel", None), "weight_layout": [list(lin.weight.shape), str(lin.weight.dtype)]}
+             "kernel": getattr(state, "kernel", None), "owns_weight": getattr(state, "owns_weight", None),
+             "weight_layout": [list(lin.weight.shape), str(lin.weight.dtype)],
+             "fp8_bytes": fp8_bytes(lin), "weight_shape": list(ref_lin.weight.shape)}
     if state is not None:
         entry["shuffled_equals_weight"] = bool(torch.equal(
-            unshuffle(state.weight, state.n, state.k).view(torch.uint8), lin.weight.view(torch.uint8)))
+            unshuffle(state.weight, state.n, state.k).view(torch.uint8), ref_lin.weight.view(torch.uint8)))
         entry["shuffled_is_layout_of_weight"] = bool(torch.equal(
-            state.weight.view(torch.uint8), shuffle(lin.weight.detach(), 128, 128).view(torch.uint8)))
+            state.weight.view(torch.uint8), shuffle(ref_lin.weight.detach(), 128, 128).view(torch.uint8)))
     runs = {}
     for tokens in (1, 3, 16, 17, 40):
         x = (torch.randn(tokens, lin.in_features) * 2).to(DTYPE)
@@ -74,10 +89,10 @@ for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         after = trtbuild_gemm.report()
         path = "plugin" if after.get("plugin", 0) > before.get("plugin", 0) else "own"
         own_called = standin_ops.CALLS["cublas_scaled_mm"] > mm_before
-        y_own = own_apply(lin.quant_method, lin, x, lin.bias)
+        y_own = own_apply(ref_lin.quant_method, ref_lin, x, ref_lin.bias)
         # Independent reference: the quantized input and weight, float64.
         xq = (x.float() / lin.input_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-        ref = (xq.double() @ lin.weight.double().t()) * (lin.input_scale.double() * lin.weight_scale.double())
+        ref = (xq.double() @ ref_lin.weight.double().t()) * (lin.input_scale.double() * lin.weight_scale.double())
         if lin.bias is not None:
             ref = ref + lin.bias.double()
         runs[tokens] = {"path": path, "own_gemm_called": own_called,
@@ -99,12 +114,16 @@ if hasattr(L, "BufferKind"):  # main: an NCCL-window output keeps TensorRT-LLM's
     block.o_proj(torch.randn(2, NQ * D).to(DTYPE), prefer_window_output=True)
     out["window_output_plugin"] = trtbuild_gemm.report().get("plugin", 0) > before
 
-# A weight update reloads and re-runs the hook: the shuffled copy follows the new weight.
+# A weight update reloads and re-runs the hook: the shuffled copy follows the new weight (TensorRT-LLM's
+# load_weights gets its [N, K] tensor back first, then the hook takes it again).
 old = block.o_proj.__dict__["_trtbuild_gemm"].weight
-model_loader.load(block, {"o_proj": [fp8_tensor((H, NQ * D))]})
+update = {"o_proj": [fp8_tensor((H, NQ * D))]}
+model_loader.load(block, update)
+L.Linear.load_weights.__wrapped__(reference.o_proj, update["o_proj"])
 new = block.o_proj.__dict__["_trtbuild_gemm"].weight
 out["reload_reshuffled"] = bool(not torch.equal(old.view(torch.uint8), new.view(torch.uint8)) and torch.equal(
-    unshuffle(new, H, NQ * D).view(torch.uint8), block.o_proj.weight.view(torch.uint8)))
+    unshuffle(new, H, NQ * D).view(torch.uint8), reference.o_proj.weight.view(torch.uint8)))
+out["reload_fp8_bytes"] = fp8_bytes(block.o_proj)
 
 # Selection: a config naming only attention leaves the dense linears to TensorRT-LLM.
 with open(trtbuild_gemm.__path__[0] + "/config.json") as file:
@@ -112,6 +131,9 @@ with open(trtbuild_gemm.__path__[0] + "/config.json") as file:
 only_attention = dict(config, linears=["attention"])
 out["attention_only"] = {name: prepare(getattr(block, name), L.FP8QDQLinearMethod, only_attention) is not None
                          for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+# A linear the plugin no longer takes has TensorRT-LLM's weight back, bit for bit.
+out["deselected_weight_restored"] = bool(torch.equal(block.gate_up_proj.weight.view(torch.uint8),
+                                                     reference.gate_up_proj.weight.view(torch.uint8)))
 out["imported"] = sorted(m for m in ("trtbuild", "plugins") if m in sys.modules)
 out["report"] = trtbuild_gemm.report()
 print(json.dumps(out))

@@ -11,6 +11,7 @@ older container's would, so the kernel cannot be built).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import tensorrt_llm  # noqa: F401  (the package first, as trtllm-serve imports it)
@@ -41,13 +42,18 @@ class Block(torch.nn.Module):
         self.o_proj = L.Linear(H, N, bias=False, dtype=torch.float32, tensor_parallel_mode=L.TensorParallelMode.ROW)
 
 
-block = model_loader.load(Block(), {"o_proj": [fp8_weights((N, H))]})
+checkpoint = {"o_proj": [fp8_weights((N, H))]}
+block = model_loader.load(Block(), checkpoint)
 prepared = "_trtbuild_gemm" in block.o_proj.__dict__
+# TensorRT-LLM's own load and GEMM on the same checkpoint (no post-load hook, so no plugin) to compare with.
+reference = Block()
+L.Linear.load_weights.__wrapped__(reference.o_proj, checkpoint["o_proj"])
 x = torch.randn(2, H)
 y = block.o_proj(x)
-y_own = L.FP8QDQLinearMethod.apply.__wrapped__(block.o_proj.quant_method, block.o_proj, x, None)
+y_own = L.FP8QDQLinearMethod.apply.__wrapped__(reference.o_proj.quant_method, reference.o_proj, x, None)
 y_again = block.o_proj(x)
-print(json.dumps({"version": tensorrt_llm.__version__, "report": trtbuild_gemm.report(), "prepared": prepared,
+print(json.dumps({"version": tensorrt_llm.__version__, "pid": os.getpid(), "report": trtbuild_gemm.report(),
+                  "prepared": prepared,
                   "patched": hasattr(L.FP8QDQLinearMethod.apply, "__wrapped__"),
                   "max_abs_vs_own": float((y - y_own).abs().max()),
                   "again_vs_own": float((y_again - y_own).abs().max()),

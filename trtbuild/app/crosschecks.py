@@ -12,6 +12,7 @@ from typing import Any
 
 from trtbuild.app.recipe import Recipe
 from trtbuild.app.stages import STAGE_ORDER, all_stages
+from trtbuild.draft.config import DraftConfig
 from trtbuild.model.source import target_hf_config, text_config
 
 GIB = 1 << 30
@@ -175,6 +176,38 @@ def machine_memory() -> int:
         return 1 << 40
 
 
+def gpu_memory() -> int | None:
+    """Memory of this host's first CUDA GPU, None without one (torch is imported only when asked)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(0).total_memory)
+    except Exception:  # no torch, no driver: nothing to say
+        return None
+    return None
+
+
+def _draft_batch_memory(draft: DraftConfig, vocab: int, hidden: int, ram: int) -> tuple[str, str, float, int, str] | None:
+    """The draft's per-forward logits and activations, sized by what one rank holds (its shard of the global
+    batch, or micro_batch_size), against one GPU's memory when it trains on CUDA, else this host's."""
+    train = draft.train
+    world = train.world_size()
+    shard = -(-draft.batch_size // world)
+    rows = min(train.micro_batch_size or shard, shard)
+    need = (rows * draft.seq_len * (draft.draft_vocab_size or vocab) * 4 * 3 * draft.ttt_steps
+            + rows * draft.seq_len * hidden * 4 * 12)
+    on_cuda = train.device == "cuda" or train.device == "auto"
+    limit = gpu_memory() if on_cuda else None
+    if on_cuda and limit is None and train.device == "cuda":
+        return None  # trains on a GPU this host does not have: its memory is not known here
+    where = "one GPU's" if limit is not None else "this machine's"
+    field = "draft.train.micro_batch_size" if train.micro_batch_size else "draft.batch_size"
+    what = (f"draft logits of {rows} x {draft.seq_len} tokens x {draft.ttt_steps} steps per rank "
+            f"({draft.batch_size} sequences over {world} rank{'s' if world > 1 else ''})")
+    return field, what, need, limit if limit is not None else ram, where
+
+
 def _memory(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
     """Rough peak memory of what the recipe's own numbers size (the target's weights are not counted:
     they are what they are); an estimate over this machine's memory fails here, not an hour in."""
@@ -182,6 +215,7 @@ def _memory(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
     vocab = _int(shapes, "vocab_size") or 0
     hidden = _int(shapes, "hidden_size") or 0
     estimates: list[tuple[str, str, float]] = []
+    device_lines: list[str] = []
     model = recipe.model
     if model is not None and model.source == "tiny":
         t = model.tiny
@@ -195,10 +229,13 @@ def _memory(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
     draft = recipe.draft
     if draft is not None and draft.source == "train":
         pool = draft.samples * draft.seq_len * 8
-        logits = draft.batch_size * draft.seq_len * (draft.draft_vocab_size or vocab) * 4 * 3 * draft.ttt_steps
         estimates.append(("draft.samples", f"a pool of {draft.samples} x {draft.seq_len} tokens", pool))
-        estimates.append(("draft.batch_size", f"draft logits of {draft.batch_size} x {draft.seq_len} tokens x "
-                          f"{draft.ttt_steps} steps", logits + draft.batch_size * draft.seq_len * hidden * 4 * 12))
+        per_rank = _draft_batch_memory(draft, vocab, hidden, ram)  # on the device it runs on
+        if per_rank is not None and per_rank[2] > per_rank[3]:
+            field, what, need, limit, where = per_rank
+            device_lines.append(f"{field}: needs about {need / GIB:.1f} GiB of memory for {what}, more than "
+                                f"{where} {limit / GIB:.1f} GiB (fix: lower it, or raise draft.train.processes)")
+    out = _training_processes(recipe, ram)
     quantize = recipe.quantize
     if quantize is not None:
         cal, gate = quantize.calibration, quantize.gate
@@ -207,8 +244,32 @@ def _memory(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
         for field, batch, seq in (("quantize.calibration.batch_size", cal.batch_size, cal.seq_len),
                                   ("quantize.gate.batch_size", gate.batch_size, gate.seq_len)):
             estimates.append((field, f"logits of {batch} x {seq} tokens", batch * seq * (vocab * 4 * 3 + hidden * 4 * 16)))
-    return [f"{field}: needs about {need / GIB:.1f} GiB of memory for {what}, more than this machine's "
-            f"{ram / GIB:.1f} GiB (fix: lower it)" for field, what, need in estimates if need > ram]
+    return out + [f"{field}: needs about {need / GIB:.1f} GiB of memory for {what}, more than this machine's "
+                  f"{ram / GIB:.1f} GiB (fix: lower it)" for field, what, need in estimates if need > ram] + device_lines
+
+
+def _training_processes(recipe: Recipe, ram: int) -> list[str]:
+    """draft.train.processes on this machine (one node): each is a Python + torch process of its own
+    and, on the CPU, holds its own float32 copy of the target (1/world of it under fsdp)."""
+    from trtbuild.app.validate_data import INSTANCE_OVERHEAD, _target_weight_bytes
+
+    draft = recipe.draft
+    if draft is None or draft.source != "train" or draft.train.processes < 2 or draft.train.nodes > 1:
+        return []
+    from trtbuild.draft.distributed import resolve_device
+
+    train = draft.train
+    weights = (_target_weight_bytes(recipe) or 0) if resolve_device(train.device) == "cpu" else 0
+    if train.target_sharding == "fsdp":
+        weights //= train.world_size()
+    each = INSTANCE_OVERHEAD + weights
+    need = train.processes * each
+    if need <= ram:
+        return []
+    copy = f" and its copy of the target, {weights / GIB:.2f} GiB" if weights else ""
+    return [f"draft.train.processes: {train.processes} training processes need about {need / GIB:.1f} GiB (each "
+            f"a Python + torch process, ~{INSTANCE_OVERHEAD / GIB:.1f} GiB,{copy}), more than this machine's "
+            f"{ram / GIB:.1f} GiB (fix: use at most {max(1, ram // each)})"]
 
 
 __all__ = ["STAGE_ORDER", "problems"]

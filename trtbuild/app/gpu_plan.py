@@ -30,6 +30,12 @@ CALIBRATION_GPU_SHARE = 0.8
 def estimate_parameters(hf_config: dict[str, Any]) -> int:
     """Parameters of the language model from its config: dense Llama, or Llama 4's interleaved MoE
     (routed experts + shared expert + router on MoE layers, `intermediate_size_mlp` on dense ones)."""
+    outside, layers = parameter_layout(hf_config)
+    return outside + sum(layers)
+
+
+def parameter_layout(hf_config: dict[str, Any]) -> tuple[int, list[int]]:
+    """(parameters outside the decoder layers: embeddings, final norm, lm_head; each decoder layer's)."""
     text = text_config(hf_config)
     h, layers, vocab = text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]
     heads = text["num_attention_heads"]
@@ -45,14 +51,15 @@ def estimate_parameters(hf_config: dict[str, Any]) -> int:
         step = text.get("interleave_moe_layer_step") or 1
         moe_layers = set(text.get("moe_layers") or range(step - 1, layers, step))
     tied = text.get("tie_word_embeddings", hf_config.get("tie_word_embeddings"))
-    total = vocab * h * (1 if tied else 2) + h
+    outside = vocab * h * (1 if tied else 2) + h
+    per_layer = []
     for layer in range(layers):
         if layer in moe_layers:
             mlp = experts * 3 * h * inter + 3 * h * inter + h * experts
         else:
             mlp = 3 * h * ((text.get("intermediate_size_mlp") or inter) if experts else inter)
-        total += attention + mlp + 2 * h
-    return total
+        per_layer.append(attention + mlp + 2 * h)
+    return outside, per_layer
 
 
 def _gb(n_bytes: float) -> str:
@@ -88,7 +95,7 @@ def _fetch(recipe: Recipe) -> str:
     return "  1. fetch (into the HF cache, on a connected machine): " + "; ".join(steps)
 
 
-def _quantize_step(recipe: Recipe, params: int) -> list[str]:
+def _quantize_step(recipe: Recipe, params: int, layout: tuple[int, list[int]]) -> list[str]:
     quantize = recipe.quantize
     bf16 = 2.0 * params
     if quantize is None:
@@ -99,23 +106,65 @@ def _quantize_step(recipe: Recipe, params: int) -> list[str]:
     cal, gate = quantize.calibration, quantize.gate
     kv = ", FP8 KV cache" if quantize.kv_cache == "fp8" else ""
     gpus = calibration_gpus(params)
+    world = cal.world_size()
     where = ("in one process on cuda:0" if gpus == 1 else
              f"in one process, the model spread over {gpus} GPUs (device_map=\"auto\", as ModelOpt's hf_ptq.py)")
+    if world > 1:
+        where = (f"calibrated in {cal.nodes} node(s) x {cal.processes} processes (torchrun"
+                 + (", srun under Slurm" if cal.nodes > 1 else "") + ", FSDP2-sharded decoder layers, ModelOpt "
+                 f"all-reduces the amaxes), gate and export {where}")
     lines = [f"     quantize: ModelOpt FP8 PTQ (FP8_DEFAULT_CFG{kv}) {where}: "
              f"{cal.num_samples} windows x {cal.seq_len} tokens of {cal.dataset.describe()}; "
              f"gate: perplexity ratio <= {gate.max_perplexity_ratio} on {gate.eval_dataset.describe()}; "
              f"export: {quantize.export} ({_gb(bf16)} BF16 -> ~{_gb(params)} FP8)",
-             f"     quantize memory: {_gb(bf16)} of BF16 weights -> {gpus} x {ONE_GPU_GB:.0f} GB GPU(s) at "
+             f"     quantize memory{' (gate and export)' if world > 1 else ''}: {_gb(bf16)} of BF16 weights -> "
+             f"{gpus} x {ONE_GPU_GB:.0f} GB GPU(s) at "
              f"{CALIBRATION_GPU_SHARE:.0%} of each for weights (the rest: calibration activations)"]
+    lines += _calibration_ranks(cal, layout)
     if quantize.check_export and params > ONE_GPU_GB * 1e9:
         lines.append(f"     !! the export check loads the ~{_gb(params)} FP8 export with trtbuild's runtime on one "
                      "GPU: set quantize.check_export: false for this model")
     if gpus > GPUS_PER_NODE:
         lines.append(f"     !! {_gb(bf16)} of BF16 weights exceed one node of {GPUS_PER_NODE} x {ONE_GPU_GB:.0f} GB "
-                     "GPUs: calibrate with ModelOpt's multinode_ptq.py under `accelerate launch` (FSDP2; "
-                     "hf_ptq.py's device_map, like this stage, spans one node's GPUs), then point model.path at "
-                     "the export and drop the quantize section (docs/gpu-path.md)")
+                     f"GPUs: {_calibration_fit(layout)}; the gate and the export still load the whole model in "
+                     "the stage's process over one node's GPUs (device_map=\"auto\" puts what does not fit in "
+                     "host memory), or point model.path at an FP8 export and drop the quantize section "
+                     "(docs/gpu-path.md)")
     return lines
+
+
+def _calibration_ranks(cal: Any, layout: tuple[int, list[int]]) -> list[str]:
+    """The calibration's launch and weight memory per rank (trtbuild/quantize/distributed.py)."""
+    from trtbuild.quantize.distributed import rank_memory
+
+    world = cal.world_size()
+    held = rank_memory(*layout, world)
+    budget = CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9
+    verdict = (f"within {CALIBRATION_GPU_SHARE:.0%} of an {ONE_GPU_GB:.0f} GB GPU" if held["total"] <= budget else
+               f"!! over {CALIBRATION_GPU_SHARE:.0%} of an {ONE_GPU_GB:.0f} GB GPU")
+    parts = (f"{_gb(held['shards'])} shards + {_gb(held['gathered'])} for two whole decoder layers all-gathered + "
+             f"{_gb(held['replicated'])} embeddings/head" if world > 1 else "the whole model")
+    return [f"     quantize launch: {cal.nodes} node(s) x {cal.processes} process(es); calibration memory per rank: "
+            f"~{_gb(held['total'] if world > 1 else 2.0 * (layout[0] + sum(layout[1])))} of BF16 weights "
+            f"({parts}), plus one batch's activations ({cal.batch_size} x {cal.seq_len} tokens)"
+            + (f": {verdict}" if world > 1 else "")]
+
+
+def _calibration_fit(layout: tuple[int, list[int]]) -> str:
+    """The smallest node count (GPUS_PER_NODE processes each) whose calibration ranks fit, or why none does."""
+    from trtbuild.quantize.distributed import rank_memory
+
+    budget = CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9
+    for nodes in range(1, 65):
+        held = rank_memory(*layout, nodes * GPUS_PER_NODE)
+        if held["total"] <= budget:
+            return (f"set quantize.calibration.processes: {GPUS_PER_NODE} and nodes: {nodes} (~{_gb(held['total'])} "
+                    "of weights per rank; the stage launches the FSDP2 ranks itself)")
+    floor = rank_memory(*layout, 64 * GPUS_PER_NODE)
+    return (f"no node count of {ONE_GPU_GB:.0f} GB GPUs holds a calibration rank: the two whole decoder layers "
+            f"FSDP2 all-gathers at once ({_gb(floor['gathered'])}) and the embeddings/head "
+            f"({_gb(floor['replicated'])}) alone are {_gb(floor['gathered'] + floor['replicated'])}, over "
+            f"{_gb(budget)}; calibrate on larger GPUs (quantize.calibration.processes / nodes)")
 
 
 def calibration_gpus(params: int) -> int:
@@ -221,7 +270,8 @@ def plan_notes(recipe: Recipe) -> list[str]:
         return []  # the preflight reports an unreadable stand-in
     hf_config, where = found
     text = text_config(hf_config)
-    params = estimate_parameters(hf_config)
+    layout = parameter_layout(hf_config)
+    params = layout[0] + sum(layout[1])
     absent = (f"'{model.repo_id}' ({model.revision}) is not in the local HF cache {hf_cache_dir()}"
               if model.source == "hub" else f"{recipe.resolve_path(str(model.path))} does not exist")
     arch = (hf_config.get("architectures") or ["?"])[0]
@@ -241,7 +291,7 @@ def plan_notes(recipe: Recipe) -> list[str]:
         f"gpu_archs {', '.join(recipe.gpu_archs)}):",
         _fetch(recipe),
         f"  2. trtbuild build {recipe.recipe_file.name}: model links the cached snapshot;",
-        *_quantize_step(recipe, params),
+        *_quantize_step(recipe, params, layout),
         *_draft_step(recipe, params),
         *_engine_step(recipe, params),
         *_deploy_step(recipe),

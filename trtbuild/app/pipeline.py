@@ -25,7 +25,7 @@ from trtbuild.app.recipe import Recipe
 from trtbuild.app.stages import STAGE_ORDER, all_stages
 from trtbuild.core.cache import ArtifactCache, Entry, dir_size
 from trtbuild.core.code_version import code_version as module_code_version
-from trtbuild.core.errors import TrtbuildError, UserError, os_error
+from trtbuild.core.errors import TrtbuildError, UserError, os_error, wrapped_os_error
 from trtbuild.core.progress import Progress
 from trtbuild.core.safepaths import OUTPUT_MARKER, ensure_inside, mark_output_dir
 from trtbuild.core.stage import Artifact, Stage, StageConfig, StageContext
@@ -245,9 +245,13 @@ def _run_stage(item: PlannedStage, recipe: Recipe, cache: ArtifactCache, artifac
             error = os_error(exc, written=dir_size(workdir), where=str(workdir))  # free space before the discard
             cache.discard(workdir)
             raise error from exc
-        except BaseException:
+        except BaseException as exc:
             item.seconds = round(time.perf_counter() - started, 3)
+            wrapped = wrapped_os_error(exc)  # a library's own exception for a full disk (safetensors)
+            error = os_error(wrapped, written=dir_size(workdir), where=str(workdir)) if wrapped else None
             cache.discard(workdir)  # a failed stage leaves nothing behind
+            if error is not None:
+                raise error from exc
             raise
         item.seconds = round(time.perf_counter() - started, 3)
         item.metrics = result.metrics

@@ -102,6 +102,9 @@ def _refuse_empty_sections(data: dict, inherited: dict, positions: dict, display
                             fix=f"write `{name}: {{}}` for the defaults, or remove the line")
 
 
+MAX_EXTENDS_DEPTH = 32  # recipes in one `extends` chain; deeper is a generated loop, not a recipe
+
+
 def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tuple[dict, dict]:
     resolved = path.resolve()
     if resolved in chain:
@@ -137,6 +140,10 @@ def _load_with_extends(path: Path, display: str, chain: tuple[Path, ...]) -> tup
             cycle = " -> ".join(p.name for p in (*chain, resolved, parent_path.resolve()))
             raise UserError(f"`extends` cycle: {cycle}", file=display, line=line, field="extends",
                             fix="remove one of the extends links")
+        if len(chain) + 1 >= MAX_EXTENDS_DEPTH:
+            raise UserError(f"`extends` chains more than {MAX_EXTENDS_DEPTH} recipes deep (from "
+                            f"{chain[0].name if chain else path.name})", file=display, line=line,
+                            field="extends", fix="extend a recipe that holds the merged settings instead")
         parent_display = os.path.relpath(parent_path) if not Path(parent).is_absolute() else parent
         pdata, ppos = _load_with_extends(parent_path, parent_display, (*chain, resolved))
         _deep_merge(merged, merged_pos, pdata, ppos, ())

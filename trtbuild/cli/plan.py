@@ -9,6 +9,7 @@ from trtbuild.app.gpu_plan import plan_notes
 from trtbuild.app.preflight import preflight
 from trtbuild.app.target_structure import structure_notes
 from trtbuild.cli.common import artifact_cache, cli, load, print_json, set_option, stage_table
+from trtbuild.deploy import dynamo as dynamo_deploy
 from trtbuild.draft import plan_notes as draft_notes
 from trtbuild.engine import plugin_module
 from trtbuild.model.source import target_hf_config
@@ -30,7 +31,7 @@ def plan(recipe: str, overrides: tuple[str, ...], until: str | None, force: tupl
     found = target_hf_config(loaded)
 
     data["notes"] = (plan_notes(loaded) + plugin_module.plan_notes(loaded, found[0] if found else None)
-                     + structure_notes(loaded) + draft_notes.plan_notes(loaded, steps))
+                     + structure_notes(loaded) + draft_notes.plan_notes(loaded, steps) + dynamo_deploy.plan_notes(loaded))
     if as_json:
         print_json(data)
     else:

@@ -5,8 +5,9 @@ in `<root>/<stage>/.tmp-<key>-<pid>-<nonce>/` and is renamed into place only aft
 written, so a killed build never leaves an entry that looks complete: a directory named by a bare
 key exists only if its rename happened, and the rename is the last step.
 
-Upkeep: a hit is verified against the manifest's file hashes before reuse (files whose size and
-mtime are unchanged since their last check are not hashed again), and a damaged entry is rebuilt;
+Upkeep: a hit is verified against the manifest's file hashes before reuse (files whose size, mtime,
+inode and ctime are unchanged since their last check are not hashed again; `cache verify` hashes all),
+and a damaged entry is rebuilt;
 every use touches `.last_used` for `cache gc`; an entry whose manifest is unreadable is reported and
 skipped, never crashed on. Interrupted draft trainings keep their checkpoints in `<root>/resume/`.
 
@@ -20,6 +21,7 @@ a shared flock on the entry's `.in-use`; removal takes it exclusively, so the tw
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -39,7 +41,7 @@ from trtbuild.core.layout import SHARD_SETS, STAGE_ORDER
 MANIFEST = "manifest.json"
 _TMP_PREFIX = ".tmp-"
 LAST_USED = ".last_used"
-VERIFIED = ".verified"  # {file: [size, mtime_ns, inode]} as of the last hash check
+VERIFIED = ".verified"  # {file: [size, mtime_ns, inode, ctime_ns]} as of the last hash check
 RESUME = "resume"
 _IN_USE = ".in-use"
 MARKER = ".trtbuild-cache"  # "this directory is a trtbuild artifact cache": gc and clean act only here
@@ -149,17 +151,20 @@ class ArtifactCache:
             return entry if entry.manifest_or_none() is not None else None
         return None
 
-    def damage(self, entry: Entry, *, record: bool = False) -> str | None:
+    def damage(self, entry: Entry, *, record: bool = False, full: bool = False) -> str | None:
         """What differs from the manifest's file list (first problem), or None when the entry is intact.
-        Files unchanged (size, mtime, inode) since their last check are not hashed again; `record`
-        saves this check's result so the next one is cheap (plan passes False: it touches nothing)."""
+        Files unchanged (size, mtime, inode, ctime) since their last check are not hashed again: any
+        write changes the ctime, and setting the mtime back changes it too, which nobody can set back
+        (only damage that bypasses the file system, bit rot, goes unseen: `full` hashes every file, as
+        `cache verify` does). `record` saves this check's result so the next one is cheap (plan passes
+        False: it touches nothing)."""
         manifest = entry.manifest_or_none()
         if manifest is None:
             return "manifest.json is unreadable"
         expected = manifest.get("files")
         if not isinstance(expected, dict):
             return "manifest.json lists no files"
-        seen = _read_json(entry.path / VERIFIED) or {}
+        seen = {} if full else _read_json(entry.path / VERIFIED) or {}
         checked: dict[str, list[int]] = {}
         for rel, want in expected.items():
             path = entry.path / rel
@@ -173,7 +178,7 @@ class ArtifactCache:
                 return f"{rel}: missing"
             if path.is_symlink() or st.st_size != want.get("size"):
                 return f"{rel}: {st.st_size} bytes, the manifest says {want.get('size')}"
-            stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+            stamp = _stamp(st)
             if seen.get(rel) != stamp and sha256_file(path) != want.get("sha256"):
                 return f"{rel}: content differs from its sha256 in the manifest"
             checked[rel] = stamp
@@ -300,7 +305,7 @@ class ArtifactCache:
         if path.parent != self.root / RESUME or path.is_symlink():
             raise ValueError(f"{path} is not a resume dir of {self.root}")
         trash = path.with_name(f"{_TMP_PREFIX}gc-{path.name}-{secrets.token_hex(4)}")
-        os.rename(path, trash)
+        os.rename(path, trash)  # raises OSError when it cannot be removed; nothing is then
         shutil.rmtree(trash, ignore_errors=True)
 
     # -- leases: a running server's entries -------------------------------------------------
@@ -328,12 +333,24 @@ class ArtifactCache:
 
     @contextlib.contextmanager
     def _exclusive(self, entry: Entry) -> Iterator[bool]:
-        """Holds the entry's lease lock exclusively (yields True), or yields False when a lease is held."""
+        """Holds the entry's lease lock exclusively (yields True), or yields False when a lease is held.
+        In a read-only cache no server could have made the lock file (`lease` makes it), so a missing
+        one means free, and an existing one is locked through a read-only descriptor."""
+        lock = entry.path / _IN_USE
         try:
-            fd = os.open(entry.path / _IN_USE, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
-        except OSError:  # a planted symlink, a read-only cache: treat as held, remove nothing
-            yield False
-            return
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM) or lock.is_symlink():
+                yield False  # a planted symlink (ELOOP): not ours to judge, treat as held
+                return
+            try:
+                fd = os.open(lock, os.O_RDONLY | _NOFOLLOW)
+            except FileNotFoundError:
+                yield True  # nobody could have leased it; removing will fail on its own terms
+                return
+            except OSError:
+                yield False
+                return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -346,7 +363,8 @@ class ArtifactCache:
 
     def remove(self, entry: Entry) -> bool:
         """Removes the entry unless a server leases it (returns False then). The rename happens under
-        the exclusive lease lock, so a server never leases an entry that is about to vanish."""
+        the exclusive lease lock, so a server never leases an entry that is about to vanish. Raises
+        OSError when the entry cannot be removed (a read-only cache): nothing is removed then."""
         if entry.path.parent.parent != self.root or not _is_real_dir(entry.path):
             raise ValueError(f"{entry.path} is not an entry of {self.root}")
         with self._exclusive(entry) as free:
@@ -360,7 +378,9 @@ class ArtifactCache:
     def remove_incomplete(self, path: Path) -> None:
         if path.parent.parent != self.root or not path.name.startswith(_TMP_PREFIX) or not _is_real_dir(path):
             raise ValueError(f"{path} is not a leftover of {self.root}")
-        shutil.rmtree(path, ignore_errors=True)  # rmtree never follows the symlinks inside
+        trash = path.with_name(f"{_TMP_PREFIX}gc-{secrets.token_hex(4)}")
+        os.rename(path, trash)  # raises OSError when it cannot be removed (a read-only cache)
+        shutil.rmtree(trash, ignore_errors=True)  # rmtree never follows the symlinks inside
 
 
 def _is_real_dir(path: Path) -> bool:
@@ -383,9 +403,14 @@ def _stamps(directory: Path, files: dict[str, dict[str, Any]]) -> dict[str, list
     stamps = {}
     for rel, info in files.items():
         if "sha256" in info:
-            st = (directory / rel).lstat()
-            stamps[rel] = [st.st_size, st.st_mtime_ns, st.st_ino]
+            stamps[rel] = _stamp((directory / rel).lstat())
     return stamps
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    """What must be unchanged for a file not to be hashed again: the ctime is set by the kernel on
+    every write, chmod, link and utime, and no caller can set it back."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 @contextlib.contextmanager

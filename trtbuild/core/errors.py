@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class TrtbuildError(Exception):
     exit_code = 1
@@ -35,6 +37,23 @@ class UserError(TrtbuildError):
 
 class BuildError(TrtbuildError):
     exit_code = 1
+
+
+def wrapped_os_error(exc: BaseException, path: str | None = None) -> OSError | None:
+    """The OSError a library reported as its own exception, else None: safetensors' Rust writer
+    raises SafetensorError("... I/O error: No space left on device (os error 28)") on a full disk."""
+    import errno as errno_module
+    import re
+
+    if isinstance(exc, OSError):
+        return exc
+    if type(exc).__name__ != "SafetensorError":
+        return None
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code) if code in errno_module.errorcode else str(exc), path)
 
 
 def os_error(exc: OSError, *, written: int | None = None, where: str | None = None) -> TrtbuildError:

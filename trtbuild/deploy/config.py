@@ -9,8 +9,9 @@ from pydantic import Field, field_validator, model_validator
 
 from trtbuild.core.shell import has_control
 from trtbuild.core.stage_api import StageConfig
+from trtbuild.deploy.dynamo_config import DynamoTargetOptions
 
-Target = Literal["trtllm", "local"]
+Target = Literal["trtllm", "local", "dynamo"]
 
 
 class TokenizerOptions(StageConfig):
@@ -113,8 +114,9 @@ def _both_targets() -> list[Target]:
 
 class DeployConfig(StageConfig):
     target: list[Target] = Field(default_factory=_both_targets, description="Repositories to "
-                                 "write: trtllm (TensorRT-LLM's Triton backend) and/or local (the project's "
-                                 "runtime behind the python backend, for CPU rehearsal).")
+                                 "write: trtllm (TensorRT-LLM's Triton backend), local (the project's "
+                                 "runtime behind the python backend, for CPU rehearsal) and/or dynamo (NVIDIA "
+                                 "Dynamo: DynamoGraphDeployments and one-node launchers for dynamo.trtllm).")
     model_name: str = Field(default="llm", description="Name clients call (/v2/models/<name>/generate).")
     max_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Most requests batched together; "
                                        "default and upper bound: the engine's max_batch_size.")
@@ -135,6 +137,7 @@ class DeployConfig(StageConfig):
                                 "take to finish.")
     trtllm: TrtllmTargetOptions = Field(default_factory=TrtllmTargetOptions, description="trtllm target.")
     local: LocalTargetOptions = Field(default_factory=LocalTargetOptions, description="local target.")
+    dynamo: DynamoTargetOptions = Field(default_factory=DynamoTargetOptions, description="dynamo target.")
 
     @field_validator("target", mode="before")
     @classmethod
@@ -145,7 +148,7 @@ class DeployConfig(StageConfig):
     @classmethod
     def _unique(cls, value: list[str]) -> list[str]:
         if not value:
-            raise ValueError("name at least one target: trtllm, local")
+            raise ValueError("name at least one target: trtllm, local, dynamo")
         return list(dict.fromkeys(value))
 
     @field_validator("model_name")

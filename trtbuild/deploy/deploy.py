@@ -80,9 +80,15 @@ def build_deployment(config: DeployConfig, ctx: StageContext) -> StageResult:
         description["local"] = local_info
         metrics["local_speculative"] = local_info["speculative"]
     description["launch"] = launch.write_launchers(out, config, bundle, trtllm_info, "local" in config.target)
+    if "dynamo" in config.target:
+        from trtbuild.deploy.dynamo import write_dynamo_deployment
+
+        description["dynamo"] = write_dynamo_deployment(out, config, bundle, max_batch_size)
+        description["launch"]["dynamo"] = description["dynamo"]["launch"]
     (out / "deploy.json").write_text(json.dumps(description, indent=2) + "\n")
     metrics["targets"] = ",".join(config.target)
-    ctx.progress.log(f"deploy: wrote {', '.join('repo_' + t for t in config.target)} "
+    written = ["dynamo/" if t == "dynamo" else f"repo_{t}" for t in config.target]
+    ctx.progress.log(f"deploy: wrote {', '.join(written)} "
                      f"(model '{config.model_name}', batch {max_batch_size})")
     return StageResult(metrics=metrics, info={"deploy": description})
 

@@ -41,10 +41,26 @@ def tritonserver_argv(exit_timeout_s: int) -> list[str]:
             f"--grpc-port={CONTAINER_PORTS[1]}", f"--metrics-port={CONTAINER_PORTS[2]}"]
 
 
+def container_command(config: Any, trtllm_version: str) -> list[str]:
+    """tritonserver as upstream's launch_triton_server.py starts it for the LLM-API model (contract:
+    launch_as_root): under `mpirun --allow-run-as-root -n 1` with the python backend's shm-region
+    prefix; without mpirun for several instances (upstream's --no-mpi)."""
+    root = load_contract(trtllm_version).section("launch_as_root")
+    argv = tritonserver_argv(config.exit_timeout_s)
+    if root.get("triton_backend_config"):
+        argv.append(f"--backend-config={root['triton_backend_config']}")
+    single = root.get("triton_single_instance") or []
+    if getattr(config, "instance_count", 1) > 1 and not root.get("triton_multi_instance_mpi"):
+        single = []
+    return [*map(str, single), *argv]
+
+
 def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[str, Any]) -> str:
     name = repo_info["entry_model"]
     needed = "$ALL_MODELS/llmapi/tensorrt_llm/1/model.py"
     exports = env_exports(bundle.env)
+    root_env = load_contract(bundle.trtllm_version).section("launch_as_root").get("env") or {}
+    exports += "".join(f'export {k}="${{{k}:-{v}}}"\n' for k, v in sorted(root_env.items()))
     if bundle.python_path:  # the bundle's GEMM-plugin module: its sitecustomize patches TensorRT-LLM's
         # FP8 linears in the python-backend stub and every rank it starts
         module = bundle.mapped(bundle.python_path, config.trtllm.bundle_mount)
@@ -64,7 +80,8 @@ def start_in_container_script(config: Any, bundle: BundleInfo, repo_info: dict[s
         f'rm -rf "$REPO" && cp -r {CONTAINER_REPO_SRC} "$REPO"\n'
         f'cp "$ALL_MODELS/llmapi/tensorrt_llm/1/"*.py "$REPO/{name}/1/"\n'
         + exports
-        + "exec " + " ".join(shlex.quote(a) for a in tritonserver_argv(config.exit_timeout_s)) + ' "$@"\n'
+        + "exec " + " ".join(shlex.quote(a) for a in container_command(config, bundle.trtllm_version))
+        + ' "$@"\n'
     )
 
 

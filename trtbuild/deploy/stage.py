@@ -9,6 +9,9 @@ Targets:
 - `local`: a python-backend model serving the project's own runtime (speculative decoding on when
   the bundle has a draft), so a deployment can be rehearsed, tested and measured on CPU with the
   tritonserver bundled in nvidia-pytriton (`trtbuild serve`).
+- `dynamo`: NVIDIA Dynamo (trtbuild.deploy.dynamo): engine args for `dynamo.trtllm`, aggregated and
+  disaggregated DynamoGraphDeployments for Kubernetes and a one-node launcher, checked against the
+  Dynamo contract (trtbuild/core/contract/dynamo-*.yaml) and the bundle's TensorRT-LLM contract.
 
 Artifact: `repo_trtllm/`, `repo_local/`, `launch/`, `bundle` (a relative link to the engine
 artifact's bundle) and `deploy.json` (what is where). Every config.pbtxt is parsed back into

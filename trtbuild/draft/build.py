@@ -85,7 +85,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     # The pool and (offline) the hidden states are shard sets of their own in the cache, keyed without
     # the training settings: another lr or step count finds them again.
     data = ensure_data(config, target_dir, target_key or str(target_dir), ctx.recipe.base_dir, ctx.progress)
-    pool = load_pool(data.path)
+    pool = load_pool(data.path)[: config.used_samples()]  # rows i of the pool are rows i of the hidden states
     features, hidden = None, None
     if config.hidden_states == "offline":
         hidden = ensure_hidden(data, target_dir, aux_layers, config.hidden_states_dtype, ctx.progress)
@@ -224,11 +224,19 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
                               target_sharding=placement["target_sharding"])
     job_file = dist_train.write_job(job, model)
     what = f"draft: training EAGLE-3 ({settings.processes} processes x {settings.nodes} nodes, {placement['backend']})"
+    meeting: dict[str, Any] = {}
     if settings.nodes == 1:
         argv = dist_train.torchrun_argv(job_file, settings.processes)
     elif dist_train.in_slurm_allocation(settings.nodes):
-        argv = dist_train.srun_argv(job_file, settings.processes, settings.nodes, dist_train.slurm_head_node(),
-                                    settings.slurm.rdzv_port)
+        from trtbuild.draft import rendezvous
+
+        head = dist_train.slurm_head_node()
+        problem = rendezvous.port_problem(head, settings.slurm.rdzv_port)
+        if problem is not None:
+            raise UserError(problem, field="draft.train.slurm.rdzv_port",
+                            fix="set draft.train.slurm.rdzv_port to a port nothing listens on")
+        argv = dist_train.srun_argv(job_file, settings.processes, settings.nodes, head, settings.slurm.rdzv_port)
+        meeting = {"rendezvous_s": rendezvous.RENDEZVOUS_TIMEOUT_S, "meeting": f"{head}:{settings.slurm.rdzv_port}"}
     else:
         script = resume / dist_train.SLURM_SCRIPT
         script.write_text(dist_train.slurm_script(job_file, settings.processes, settings.nodes, settings.slurm,
@@ -238,7 +246,7 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
                         f"the job is prepared: sbatch {script}, then run the same build again",
                         field="draft.train.nodes",
                         fix="submit the script (or run the build inside salloc/sbatch), or set nodes: 1")
-    dist_train.launch(argv, resume, plan.steps, ctx.progress, what)
+    dist_train.launch(argv, resume, plan.steps, ctx.progress, what, **meeting)
     result = dist_train.read_result(resume, model)
     if result is None:
         raise BuildError(f"draft: the training processes exited without a result in {resume}",

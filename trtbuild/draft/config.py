@@ -31,12 +31,13 @@ class DraftEval(StageConfig):
 
 
 _SLURM_WORD = r"^[A-Za-z0-9][A-Za-z0-9._,+-]*$"  # anchored: pydantic patterns search
+_SLURM_TIME = r"^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$"  # ASCII digits: \d also takes ٤ or ４
 
 
 class DraftTrainSlurm(StageConfig):
     partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
     account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
-    time_limit: str = Field(default="04:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$",
+    time_limit: str = Field(default="04:00:00", pattern=_SLURM_TIME,
                             description="#SBATCH -t ([D-]HH:MM:SS).")
     job_name: str = Field(default="trtbuild-draft", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
     rdzv_port: int = Field(default=29500, ge=1024, le=65535, description="Port of torchrun's c10d rendezvous "
@@ -102,6 +103,10 @@ class DraftConfig(StageConfig):
         default=TextSource(kind="pydoc"), description="Training text (train split): pydoc, a .txt/.jsonl "
         "file (chat jsonl rendered with the chat template), or hf.")
     samples: int = Field(default=512, ge=1, le=10**7, description="Training sequences in the pool.")
+    train_samples: int | None = Field(
+        default=None, ge=1, le=10**7, description="Train on the first N sequences of the pool only (the pool "
+        "and its hidden states stay as they are in the cache, keyed by `samples`): a data-size curve from one "
+        "pool. Default: the whole pool.")
     distill_fraction: float = Field(default=0.5, ge=0.0, le=1.0, description="Share of the pool that is the "
                                     "target's own greedy continuation of training-text prompts.")
     synthetic_requests: int = Field(
@@ -172,5 +177,8 @@ class DraftConfig(StageConfig):
                              f"{self.batch_size // world} (batch_size / processes / nodes)")
         return self
 
+    def used_samples(self) -> int:
+        return min(self.train_samples or self.samples, self.samples)
+
     def total_steps(self) -> int:
-        return self.steps or max(1, round(self.epochs * self.samples / self.batch_size))
+        return self.steps or max(1, round(self.epochs * self.used_samples() / self.batch_size))

@@ -18,23 +18,30 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trtbuild.core.errors import BuildError
-from trtbuild.core.shell import comment_safe, default_assignment, quote, sbatch_directives
-from trtbuild.draft.hidden_store import HiddenStore, batches, load_head_only
+from trtbuild.core import ranks
+from trtbuild.core.ranks import (  # noqa: F401 (the draft stage's build.py reads these from here)
+    JOINED,
+    LAUNCH_LOG,
+    PROGRESS_PREFIX,
+    in_slurm_allocation,
+    read_verified,
+    resolve_backend,
+    resolve_device,
+    slurm_head_node,
+)
+from trtbuild.core.ranks import atomic_write as _atomic
 
 JOB_FILE = "job.json"
 INIT_FILE = "init.safetensors"  # the converted model's draft weights before training (+ d2t)
 TRAINED_FILE = "trained.safetensors"
 RESULT_FILE = "trained.json"
-LAUNCH_LOG = "launch.log"
 SLURM_SCRIPT = "train_draft.sbatch"
-PROGRESS_PREFIX = "TRTBUILD_PROGRESS "
+MODULE = "trtbuild.draft.distributed"
 
 
 @dataclass
@@ -50,19 +57,6 @@ class TrainJob:
     backend: str  # gloo | nccl
     hidden_dir: str | None = None  # offline: the hidden-state shard set the ranks train from
     target_sharding: str = "none"  # fsdp: each rank holds 1/world of the target's layers (draft/sharding.py)
-
-
-def resolve_device(device: str) -> str:
-    """auto: cuda when torch sees a GPU, else cpu."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_backend(backend: str, device: str) -> str:
-    return backend if backend != "auto" else ("nccl" if device == "cuda" else "gloo")
 
 
 def resolve_autocast(dtype: str, device: str) -> str | None:
@@ -89,8 +83,6 @@ def write_job(job: TrainJob, model: Any) -> Path:
 def read_result(resume: Path, model: Any) -> dict[str, Any] | None:
     """The finished training's result, with its weights loaded into `model.eagle_module`; None when
     there is none (or it does not match its recorded hash)."""
-    from trtbuild.draft.train import read_verified
-
     found = read_verified(resume / TRAINED_FILE, resume / RESULT_FILE)
     if found is None:
         return None
@@ -100,109 +92,22 @@ def read_result(resume: Path, model: Any) -> dict[str, Any] | None:
 
 
 def torchrun_argv(job_file: Path, processes: int, nodes: int = 1, rdzv_endpoint: str | None = None) -> list[str]:
-    """torchrun for one node (--standalone: a local rendezvous on a free port) or one node of several."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--max-restarts=0"]
-    if nodes == 1:
-        launcher.append("--standalone")
-    else:
-        launcher += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                     "--rdzv-id=trtbuild-draft"]
-    return [*launcher, "-m", "trtbuild.draft.distributed", str(job_file)]
+    return ranks.torchrun_argv(job_file, processes, nodes, rdzv_endpoint, module=MODULE)
 
 
 def srun_argv(job_file: Path, processes: int, nodes: int, head: str, port: int) -> list[str]:
-    """One torchrun per node under srun, meeting at the allocation's first node."""
-    return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            *torchrun_argv(job_file, processes, nodes, f"{head}:{port}")]
-
-
-def in_slurm_allocation(nodes: int) -> bool:
-    try:
-        return "SLURM_JOB_ID" in os.environ and int(os.environ.get("SLURM_JOB_NUM_NODES", "0")) >= nodes
-    except ValueError:
-        return False
-
-
-def slurm_head_node() -> str:
-    """The allocation's first host (scontrol expands SLURM_JOB_NODELIST)."""
-    listed = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                            capture_output=True, text=True, check=True).stdout.split()
-    return listed[0]
+    return ranks.srun_argv(job_file, processes, nodes, head, port, module=MODULE)
 
 
 def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "") -> str:
-    """sbatch script: one torchrun per node (srun), c10d rendezvous on the first node of the allocation."""
-    directives = sbatch_directives(job_name=slurm.job_name, nodes=nodes, tasks_per_node=1,
-                                   gpus_per_node=processes, time_limit=slurm.time_limit,
-                                   output="trtbuild-draft-%j.out", partition=slurm.partition, account=slurm.account)
-    recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
-    endpoint = f'--rdzv-endpoint="${{HEAD}}:{slurm.rdzv_port}"'  # HEAD: set by the script itself
-    words = ['"${TRTBUILD_PYTHON}"'] + [endpoint if a.startswith("--rdzv-endpoint=") else quote(a)
-                                        for a in torchrun_argv(job_file, processes, nodes, "HEAD")[1:]]
-    return ("#!/bin/bash\n" + "\n".join(directives) + "\n"
-            + f"# Written by trtbuild{recipe}: the draft stage's EAGLE-3 training on {nodes} nodes x "
-            f"{processes} GPUs.\n"
-            + "# The resume dir below, the interpreter and trtbuild's source must be at the same paths on\n"
-            + "# every node (a shared filesystem; TRTBUILD_PYTHON / TRTBUILD_SRC override). After the job, run the same\n"
-            + "# `trtbuild build` again: the draft stage finds the trained weights and exports them.\n"
-            + "set -euo pipefail\n"
-            + default_assignment("TRTBUILD_PYTHON", sys.executable)
-            + default_assignment("TRTBUILD_SRC", str(Path(__file__).resolve().parents[2]))
-            + 'export PYTHONPATH="${TRTBUILD_SRC}${PYTHONPATH:+:$PYTHONPATH}"\n'
-            + 'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
-            + f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n  "
-            + " ".join(words) + "\n")
+    return ranks.slurm_script(job_file, processes, nodes, slurm, recipe_name, module=MODULE,
+                              work="the draft stage's EAGLE-3 training", result="the trained weights")
 
 
-def launch(argv: list[str], resume: Path, steps: int, progress: Any, description: str) -> None:
-    """Run the ranks; stream rank 0's progress; one clear line (BuildError) when any rank fails."""
-    for stale in resume.glob("error-rank*.txt"):
-        stale.unlink()
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    log_path = resume / LAUNCH_LOG
-    with open(log_path, "wb") as log, progress.task(description, steps) as bar:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(resume),
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        assert proc.stdout is not None
-        done = None
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace")
-            if line.startswith(PROGRESS_PREFIX):
-                fields = json.loads(line[len(PROGRESS_PREFIX):])
-                if done is None:
-                    bar.advance(fields["step"] - 1)
-                    done = fields["step"] - 1
-                bar.advance(fields["step"] - done, loss=fields["loss"], acc=fields["acc"], tau=fields["tau"])
-                done = fields["step"]
-            else:
-                log.write(raw)
-        code = proc.wait()
-    if code != 0:
-        errors = sorted(resume.glob("error-rank*.txt"))
-        said = errors[0].read_text(errors="replace").strip() if errors else _last_line(log_path)
-        raise BuildError(f"draft: distributed training failed (exit {code}): {said}",
-                         fix=f"full log: {log_path}")
-
-
-def _die_with_parent() -> None:
-    """torchrun gets SIGTERM when the build process dies (kill -9 too) and stops its ranks, so no
-    orphaned run keeps writing checkpoints beside the next build's (prctl PR_SET_PDEATHSIG = 1)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-
-
-_TELLING = ("Signal ", "exitcode", "Error:", "Error(", "Exception:", "error:")
-
-
-def _last_line(path: Path) -> str:
-    """The log's last line that says what failed (torchrun's exit summary, an exception), else its last line."""
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    telling = [line for line in lines if any(word in line for word in _TELLING)]
-    return (telling or lines or ["no output"])[-1]
+def launch(argv: list[str], resume: Path, steps: int, progress: Any, description: str,
+           rendezvous_s: float | None = None, meeting: str = "") -> None:
+    ranks.launch(argv, resume, steps, progress, description, failure="draft: distributed training failed",
+                 rendezvous_s=rendezvous_s, meeting=meeting, rendezvous_field="draft.train.slurm.rdzv_port")
 
 
 # ---------------------------------------------------------------- a rank's side
@@ -237,15 +142,6 @@ class _RankProgress:
         return _task()
 
 
-def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def run_rank(job_file: Path) -> None:
     import datetime
 
@@ -257,6 +153,8 @@ def run_rank(job_file: Path) -> None:
     from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.draft.train import TrainPlan, train
 
+    if os.environ.get("RANK", "0") == "0":
+        print(JOINED, flush=True)  # this process exists: torchrun's rendezvous is done
     job = TrainJob(**json.loads(job_file.read_text()))
     resume = Path(job.resume_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -272,6 +170,8 @@ def run_rank(job_file: Path) -> None:
         sharded: dict[str, int] = {}
         model = None
         if job.hidden_dir is not None:  # offline: the stored hidden states stand in for the target's layers
+            from trtbuild.draft.hidden_store import HiddenStore, batches, load_head_only
+
             target = load_head_only(Path(job.target_dir))
             features = batches(HiddenStore(Path(job.hidden_dir)))
         elif job.target_sharding == "fsdp":  # each rank reads only its shards of the target

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 DATA_FIELDS = ("dataset", "samples", "seq_len", "distill_fraction", "prompt_len", "seed", "shard_samples",
                "synthetic_requests", "synthetic_request_tokens")
 REQUESTS_FILE = "synthetic_requests.json"  # in the resume dir: a resumed run answers the same requests
+REQUESTS_PROGRESS = "synthetic_requests.partial.json"  # the requests of a killed run, batch by batch
 
 
 def data_key(config: Any, target_key: str, dataset_fingerprint: Any) -> str:
@@ -96,10 +97,12 @@ def synthetic_requests(config: Any, target_dir: Path, work: Path, progress: Prog
     model = generation_model(target_dir)
     with progress.task("draft data: requests written by the target", config.synthetic_requests) as bar:
         requests = synthesize(model, tokenizer, config.synthetic_requests, config.seed,
-                              config.synthetic_request_tokens, lambda n: bar.advance(n))
+                              config.synthetic_request_tokens, lambda n: bar.advance(n),
+                              progress_file=work / REQUESTS_PROGRESS)
     tmp = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(requests))
     os.replace(tmp, saved)
+    (work / REQUESTS_PROGRESS).unlink(missing_ok=True)
     return requests
 
 

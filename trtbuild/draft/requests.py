@@ -11,6 +11,9 @@ machine) and rendered afterwards exactly as the served endpoint renders a reques
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,13 +50,16 @@ def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
 
 @torch.no_grad()
 def synthesize(model: Any, tokenizer: Any, count: int, seed: int, max_tokens: int,
-               advance: Any = lambda n: None) -> list[str]:
-    """`count` distinct non-empty requests (fewer only when 4x count samples gave no more)."""
+               advance: Any = lambda n: None, progress_file: Path | None = None) -> list[str]:
+    """`count` distinct non-empty requests (fewer only when 4x count samples gave no more).
+    With `progress_file`, the requests written so far are saved after every batch and a later call
+    continues from there: batches are seeded by their index, so the result is the same as one run's."""
     prefix = torch.tensor([user_turn_prefix(tokenizer)], device=model.device).expand(BATCH, -1)
     stops = end_of_turn_ids(model, tokenizer)
-    seen: set[str] = set()
-    requests: list[str] = []
-    for batch in range(-(-4 * count // BATCH)):
+    first, requests = _resume(progress_file)
+    seen: set[str] = set(requests)
+    advance(len(requests))
+    for batch in range(first, -(-4 * count // BATCH)):
         if len(requests) >= count:
             break
         torch.manual_seed(seed * 1_000_003 + batch)
@@ -67,4 +73,20 @@ def synthesize(model: Any, tokenizer: Any, count: int, seed: int, max_tokens: in
                 seen.add(text)
                 requests.append(text)
                 advance(1)
+        if progress_file is not None:
+            _save(progress_file, batch + 1, requests)
     return requests
+
+
+def _resume(progress_file: Path | None) -> tuple[int, list[str]]:
+    """(next batch index, requests so far) from a killed run's progress file, or (0, [])."""
+    if progress_file is None or not progress_file.is_file():
+        return 0, []
+    saved = json.loads(progress_file.read_text())
+    return int(saved["next_batch"]), [str(r) for r in saved["requests"]]
+
+
+def _save(progress_file: Path, next_batch: int, requests: list[str]) -> None:
+    tmp = progress_file.with_name(f".{progress_file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"next_batch": next_batch, "requests": requests}))
+    os.replace(tmp, progress_file)  # present means complete: a kill mid-write keeps the last batch's

@@ -12,17 +12,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from trtbuild.core.fsdp_shards import held, shard_target, target_layers  # noqa: F401 (moved there)
+
 # Sharding pays for itself only when the whole target would not fit: below this share of one GPU's
 # memory `auto` keeps a whole copy per rank (no all-gather per layer and step).
 AUTO_SHARE_OF_GPU = 0.5
-
-
-def target_layers(model: nn.Module) -> nn.ModuleList:
-    """The target's decoder layers: the first `layers` ModuleList outside the EAGLE module."""
-    for name, module in model.named_modules():
-        if name.split(".")[-1] == "layers" and isinstance(module, nn.ModuleList) and "eagle_module" not in name:
-            return module
-    raise ValueError("no decoder-layer list (`layers`) found in the target")
 
 
 def resolve(setting: str, device: str, world: int, target_bytes: int, gpu_bytes: int | None) -> str:
@@ -33,26 +27,6 @@ def resolve(setting: str, device: str, world: int, target_bytes: int, gpu_bytes:
     if device != "cuda" or world == 1 or not gpu_bytes:
         return "none"
     return "fsdp" if target_bytes > AUTO_SHARE_OF_GPU * gpu_bytes else "none"
-
-
-def shard_target(model: nn.Module, device_type: str) -> dict[str, int]:
-    """fully_shard every target decoder layer over all ranks (each layer's shards move to this rank's
-    device). Returns the target's decoder-layer parameter count, whole and held by this rank."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    layers = target_layers(model)
-    whole = sum(p.numel() for p in layers.parameters())
-    for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    return {"target_layer_parameters": whole, "target_layer_parameters_per_rank": held(layers)}
-
-
-def held(module: nn.Module) -> int:
-    """Parameter elements this rank stores (a sharded DTensor counts its local shard)."""
-    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in module.parameters())
 
 
 def frozen_names(model: nn.Module) -> list[str]:

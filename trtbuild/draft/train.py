@@ -32,6 +32,7 @@ from torch import nn
 
 from trtbuild.core.cache import sha256_file
 from trtbuild.core.progress import Progress
+from trtbuild.core.ranks import read_verified
 from trtbuild.draft.model import draft_parameters
 from trtbuild.draft.modelopt_compat import step_accuracy
 from trtbuild.draft.sharding import ignore_for_ddp
@@ -123,22 +124,6 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
     finally:  # a full disk leaves no partial file (the last complete checkpoint, if any, stays usable)
         tmp.unlink(missing_ok=True)
         meta_tmp.unlink(missing_ok=True)
-
-
-def read_verified(tensor_file: Path, meta_file: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
-    """(meta, tensors) of a pair written tensors first, then the JSON naming their sha256; None when
-    either is missing or unreadable, or they do not match (a kill between the two writes)."""
-    from safetensors.torch import load_file
-
-    if not (tensor_file.is_file() and meta_file.is_file()):
-        return None
-    try:
-        meta = json.loads(meta_file.read_text())
-        if meta.get("sha256") != sha256_file(tensor_file):
-            return None
-        return meta, load_file(str(tensor_file))
-    except (OSError, ValueError):
-        return None
 
 
 def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer

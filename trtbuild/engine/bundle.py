@@ -8,6 +8,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -38,7 +39,8 @@ from trtbuild.engine import boundary, conformance, launchers, plugin_module
 from trtbuild.engine.checkpoint_quant import quant_of_dir
 from trtbuild.engine.config import draft_len, has_draft
 from trtbuild.engine.facts import ModelFacts, facts_from_dir
-from trtbuild.engine.llama4_wrap import wrap_target
+from trtbuild.engine.llama4_wrap import text_only_env, wrap_target
+from trtbuild.engine.release_fields import refuse_unless_written
 from trtbuild.model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -165,6 +167,8 @@ def build_options(config: EngineConfig, recipe: RecipeInfo, facts: ModelFacts | 
     with_draft = draft_dir is not None if with_draft is None else with_draft
     kv = KvCacheConfig(enable_block_reuse=config.kv_cache.enable_block_reuse,
                        free_gpu_memory_fraction=config.kv_cache.free_gpu_memory_fraction)
+    refuse_unless_written(contract, "kv_cache_config.dtype", config.kv_cache.dtype, "auto")
+    refuse_unless_written(contract, "kv_cache_config.tokens_per_block", config.kv_cache.tokens_per_block, 32)
     if config.kv_cache.dtype != "auto":
         kv.dtype = config.kv_cache.dtype
     if config.kv_cache.tokens_per_block != 32:
@@ -210,6 +214,8 @@ def build_options(config: EngineConfig, recipe: RecipeInfo, facts: ModelFacts | 
         layers = draft_capture_layers(draft_dir) if draft_dir is not None else None
         if layers and facts and facts.num_hidden_layers and \
                 layers != default_layers_to_capture(facts.num_hidden_layers):
+            refuse_unless_written(contract, "speculative_config.eagle3_layers_to_capture", layers,
+                                  default_layers_to_capture(facts.num_hidden_layers))
             spec.eagle3_layers_to_capture = layers  # trained on other layers than TRT-LLM's default
         values["speculative_config"] = spec
     extra = parse_options(config.llm_api_options, "engine.llm_api_options")
@@ -330,7 +336,11 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     # The release's transformers reads RoPE at the top level of config.json (contract: hf_config).
     if (bundle / "target" / "config.json").is_file() and rewrite_config(bundle / "target" / "config.json"):
         stats.written += 1
-    stats.written += len(wrap_llama4(bundle / "target", contract))
+    wrapped = wrap_llama4(bundle / "target", contract)
+    stats.written += len(wrapped)
+    # A text-only Llama 4 target: the release builds no vision encoder (and does not read the checkpoint a
+    # second time for one) only with the contract's environment (llama4_model.text_only_load_needs).
+    server_env = {**text_only_env(contract), **config.env} if wrapped else dict(config.env)
     served = "target"
     target_facts = facts_from_dir(inputs.target.resolve()) or model_facts
     if stats.copied:
@@ -379,7 +389,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
     stats.written += 1
 
     # Launchers.
-    serve = conformance.serve_spec(config, recipe, contract, served=served)
+    serve = dataclasses.replace(conformance.serve_spec(config, recipe, contract, served=served), env=server_env)
     cluster = launchers.ClusterSpec(
         nodes=config.launcher.nodes, gpus_per_node=config.launcher.gpus_per_node,
         partition=config.launcher.slurm.partition, account=config.launcher.slurm.account,
@@ -415,7 +425,7 @@ def build_bundle(config: EngineConfig, ctx: StageContext) -> StageResult:
         "llm_api_options": OPTIONS_FILE,
         "launch": {"single_node": "launch/serve.sh", "mpirun": "launch/mpirun.sh",
                    "slurm": "launch/slurm.sbatch"},
-        "env": dict(config.env),
+        "env": server_env,
         "parallel": {"tensor": config.tensor_parallel, "pipeline": config.pipeline_parallel,
                      "expert": config.expert_parallel, "nodes": config.launcher.nodes,
                      "gpus_per_node": config.launcher.gpus_per_node},

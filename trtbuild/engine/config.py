@@ -29,12 +29,13 @@ class KvCacheSettings(StageConfig):
 
 
 _SLURM_WORD = r"^[A-Za-z0-9][A-Za-z0-9._,+-]*$"  # anchored: pydantic patterns search
+_SLURM_TIME = r"^([0-9]+-)?[0-9]+(:[0-9]{1,2}){0,2}$"  # ASCII digits: \d also takes ٤ or ４
 
 
 class SlurmSettings(StageConfig):
     partition: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -p.")
     account: str | None = Field(default=None, pattern=_SLURM_WORD, max_length=128, description="#SBATCH -A.")
-    time_limit: str = Field(default="01:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$", description="#SBATCH -t "
+    time_limit: str = Field(default="01:00:00", pattern=_SLURM_TIME, description="#SBATCH -t "
                             "([D-]HH:MM:SS).")
     job_name: str = Field(default="trtllm-serve", pattern=_SLURM_WORD, max_length=128, description="#SBATCH -J.")
 
@@ -87,8 +88,13 @@ class GemmPluginSettings(StageConfig):
         "attention (fused qkv, o_proj) and dense (fused gate_up, down_proj, shared experts); MoE experts "
         "always keep TensorRT-LLM's kernels.")
     max_tokens: int = Field(default=16, ge=1, le=16, description="Largest token count of a call that runs "
-                            "the plugin (decode and speculative verification); more tokens (prefill) run "
-                            "TensorRT-LLM's FP8 GEMM.")
+                            "the plugin (decode and speculative verification); with one_copy false, more "
+                            "tokens (prefill) run TensorRT-LLM's FP8 GEMM.")
+    one_copy: bool = Field(default=True, description="The plugin owns each selected linear's weight in its "
+                           "tile layout: TensorRT-LLM's copy is released after loading and the plugin's kernel "
+                           "also runs prefill (on 1.1 / 1.2; releases with NCCL-window GEMM outputs keep both). "
+                           "false keeps both copies (the selected weights' size again per GPU, taken from the "
+                           "KV cache) and prefill on TensorRT-LLM's GEMM.")
 
     @field_validator("kernels")
     @classmethod

@@ -43,13 +43,16 @@ def module_path(config: EngineConfig) -> str | None:
 def serve_spec(config: EngineConfig, recipe: RecipeInfo, contract: Contract, *, served: str) -> launchers.ServeSpec:
     launch = module_launch(config, contract)
     model = recipe.section(ModelConfig)
+    root = contract.section("launch_as_root")
     return launchers.ServeSpec(
         model=served, backend=config.backend, tensor_parallel=config.tensor_parallel,
         pipeline_parallel=config.pipeline_parallel, expert_parallel=config.expert_parallel,
         options_file=OPTIONS_FILE, options_flag=contract.serve_options_flag, tokenizer=None,
         trust_remote_code=model is not None and model.trust_remote_code,
         custom_module_dirs=tuple(launch["custom_module_dirs"]), python_path=launch["python_path"],
-        env=dict(config.env), host=config.launcher.host, port=config.launcher.port)
+        env=dict(config.env), root_env=dict(root.get("env") or {}),
+        mpirun_flags=(root["mpirun_flag"],) if root.get("mpirun_flag") else (),
+        host=config.launcher.host, port=config.launcher.port)
 
 
 def emitted_violations(options: LlmApiOptions, spec: launchers.ServeSpec, config: EngineConfig,

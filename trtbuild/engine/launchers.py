@@ -30,6 +30,9 @@ class ServeSpec:
     custom_module_dirs: tuple[str, ...] = ()  # trtllm-serve --custom_module_dirs (releases that have it)
     python_path: str | None = None  # bundle dir prepended to PYTHONPATH (the GEMM-plugin module)
     env: dict[str, str] = field(default_factory=dict)
+    # Containers run as root: Open MPI's switches (contract: launch_as_root), exported unless already set.
+    root_env: dict[str, str] = field(default_factory=dict)
+    mpirun_flags: tuple[str, ...] = ()
     host: str = "localhost"
     port: int = 8000
 
@@ -91,6 +94,15 @@ def _env_lines(env: dict[str, str]) -> str:
     return env_exports(env)
 
 
+def _root_lines(spec: ServeSpec) -> str:
+    """Open MPI runs as root (the release containers' user) only when told to: for the MPI processes
+    TensorRT-LLM starts itself (mpirun gets the flag too). A value already in the environment wins."""
+    if not spec.root_env:
+        return ""
+    return ("# Open MPI refuses root unless told (the containers run as root; contract: launch_as_root)\n"
+            + "".join(f'export {k}="${{{k}:-{v}}}"\n' for k, v in sorted(spec.root_env.items())))
+
+
 def _python_path_line(spec: ServeSpec, root: str = "$PWD") -> str:
     """Puts the bundle's module dir first on PYTHONPATH: its sitecustomize imports trtbuild's GEMM
     plugins into the server and each MPI worker (they inherit the environment)."""
@@ -109,7 +121,7 @@ def single_node_script(spec: ServeSpec, recipe_name: str = "") -> str:
                            f"({spec.world_size} GPU{'s' if spec.world_size > 1 else ''}).")
             + "# Extra trtllm-serve flags may be appended: launch/serve.sh --log_level debug\n"
             + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
-            + _env_lines(spec.env) + _host_port(spec)
+            + _env_lines(spec.env) + _root_lines(spec) + _host_port(spec)
             + _python_path_line(spec)
             + "exec " + _join(serve_argv(spec)) + ' \\\n  "$@"\n')
 
@@ -117,8 +129,10 @@ def single_node_script(spec: ServeSpec, recipe_name: str = "") -> str:
 def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -> str:
     """OpenMPI launch over `cluster.nodes` hosts listed in $TRTBUILD_HOSTFILE."""
     recipe = f" for recipe '{comment_safe(recipe_name)}'" if recipe_name else ""
-    exports = " ".join(f"-x {k}" for k in sorted({*spec.env, *(["PYTHONPATH"] if spec.python_path else [])}))
-    mpirun: list[str] = ["mpirun", "-np", str(spec.world_size), "--npernode", str(cluster.gpus_per_node),
+    exports = " ".join(f"-x {k}" for k in sorted({*spec.env, *spec.root_env,
+                                                   *(["PYTHONPATH"] if spec.python_path else [])}))
+    mpirun: list[str] = ["mpirun", *spec.mpirun_flags, "-np", str(spec.world_size), "--npernode",
+                         str(cluster.gpus_per_node),
                          "--hostfile", expand("TRTBUILD_HOSTFILE"), "--bind-to", "none", "-wdir", expand("PWD")]
     return (_HEADER.format(recipe=recipe, what=f"Serves this bundle on {cluster.nodes} nodes x "
                            f"{cluster.gpus_per_node} GPUs under mpirun.")
@@ -126,7 +140,7 @@ def mpirun_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") 
             + ': "${TRTBUILD_HOSTFILE:?set TRTBUILD_HOSTFILE to an MPI hostfile listing the '
             + f'{cluster.nodes} nodes}}"\n'
             + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
-            + _env_lines(spec.env) + _host_port(spec)
+            + _env_lines(spec.env) + _root_lines(spec) + _host_port(spec)
             + _python_path_line(spec)
             + "exec " + _join(mpirun) + (f" \\\n  {exports}" if exports else "")
             + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + ' \\\n    "$@"\n')
@@ -152,7 +166,7 @@ def slurm_script(spec: ServeSpec, cluster: ClusterSpec, recipe_name: str = "") -
               + "# Submit from the bundle directory: cd <bundle> && sbatch launch/slurm.sbatch\n"
               + "set -euo pipefail\n"
               + 'BUNDLE="${TRTBUILD_BUNDLE:-${SLURM_SUBMIT_DIR:-$PWD}}"\n'
-              + _env_lines(spec.env) + _host_port(spec)
+              + _env_lines(spec.env) + _root_lines(spec) + _host_port(spec)
               + _python_path_line(spec, "${BUNDLE}")
               + _join(srun) + " \\\n  trtllm-llmapi-launch " + _join(serve_argv(spec), indent="    ") + "\n")
     return script

@@ -30,6 +30,15 @@ PREFIX = "language_model."  # what Llama4HfWeightMapper / load_weights strip (co
 _WRAPPER_KEYS = ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings", "transformers_version")
 
 
+def text_only_env(contract: Any) -> dict[str, str]:
+    """The server environment a wrapped (text-only) target needs at the release (contract
+    llama4_model.text_only_load_needs.env: TLLM_MULTIMODAL_DISAGGREGATED=1, read when modeling_llama is
+    imported; without it Llama4ForConditionalGeneration builds a vision encoder and, finding no vision
+    tensors, loads it with transformers' load_sharded_checkpoint from the whole checkpoint)."""
+    needs = (contract.section("llama4_model") or {}).get("text_only_load_needs") or {}
+    return {str(k): str(v) for k, v in (needs.get("env") or {}).items()}
+
+
 def is_text_llama4(config: Mapping[str, Any]) -> bool:
     archs = config.get("architectures") or []
     return TEXT_ARCHITECTURE in archs or (not archs and config.get("model_type") == "llama4_text")

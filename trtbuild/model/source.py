@@ -23,6 +23,7 @@ from trtbuild.core.hf_files import (  # noqa: F401  (the model section's readers
     text_config,
 )
 from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.model import gguf
 from trtbuild.model.config import STANDIN_KEYS, ModelConfig
 
 
@@ -55,6 +56,12 @@ def target_hf_config(recipe: RecipeInfo) -> tuple[dict[str, Any], str] | None:
     config = recipe.section(ModelConfig)
     if config is None:
         return None
+    if config.source == "gguf":
+        try:
+            file = gguf.locate(config, recipe)
+        except UserError:
+            return None  # preflight says what is missing
+        return gguf.metadata_config(file), f"GGUF metadata {file}"
     directory = local_model_dir(config, recipe)
     file = directory / "config.json" if directory is not None else standin_path(config, recipe)
     if file is None:

@@ -1,8 +1,9 @@
 """model stage: resolve the target model to a local Hugging Face directory.
 
 Sources: `tiny` (the embedded default, trained here on the pydoc corpus), `path` (a local HF
-directory, linked, not copied) and `hub` (a repo id resolved from the local HF cache; downloads
-only when `allow_download` is true). Only safetensors weights are accepted, and remote code is
+directory, linked, not copied), `hub` (a repo id resolved from the local HF cache; downloads
+only when `allow_download` is true) and `gguf` (a GGUF file, dequantized once into the artifact:
+trtbuild/model/gguf.py). Only safetensors weights are accepted, and remote code is
 refused unless the recipe turns `trust_remote_code` on.
 
 Stand-ins: a `path` / `hub` recipe may name `standin_config`, a config.json with the real model's
@@ -17,11 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.cache import sha256_file
 from trtbuild.core.errors import UserError
 from trtbuild.core.layout import MODEL_HF
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.safetensors_header import count_parameters
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
+from trtbuild.model import gguf
 from trtbuild.model.source import (
     ModelConfig,
     check_hf_directory,
@@ -54,7 +57,7 @@ class ModelStage(Stage):
 
     name = "model"
     config_cls = ModelConfig
-    libraries = ("torch", "transformers", "tokenizers", "safetensors")
+    libraries = ("torch", "transformers", "tokenizers", "safetensors", "gguf")
 
     def key_material(self, config: StageConfig, recipe: RecipeInfo) -> dict[str, Any]:
         assert isinstance(config, ModelConfig)
@@ -71,6 +74,8 @@ class ModelStage(Stage):
             return {"path": str(directory), "files": _fingerprint(directory)}
         if config.source == "hub":
             return {"commit": hub_snapshot_commit(config.repo_id or "", config.revision)}
+        if config.source == "gguf":
+            return {"gguf_sha256": sha256_file(gguf.locate(config, recipe))}
         return {}
 
     def preflight(self, config: StageConfig, recipe: RecipeInfo) -> list[str]:
@@ -92,6 +97,11 @@ class ModelStage(Stage):
                 check_hf_directory(directory, config, "model.path")
             except UserError as exc:
                 return [exc.one_line()]
+        if config.source == "gguf":
+            try:
+                gguf.locate(config, recipe)
+            except UserError as exc:
+                return [exc.one_line()]
         if (config.source == "hub" and not config.allow_download
                 and hub_snapshot_commit(config.repo_id or "", config.revision) is None):
             return [f"model.repo_id: '{config.repo_id}' ({config.revision}) is not in the local HF cache "
@@ -105,6 +115,12 @@ class ModelStage(Stage):
         if config.source == "tiny":
             metrics = build_tiny_model(config.tiny, hf_dir, ctx.progress)
             return StageResult(metrics=metrics, info={"source": "tiny"})
+        if config.source == "gguf":
+            file = gguf.locate(config, ctx.recipe)
+            with ctx.progress.task(f"model: dequantizing {file.name} to {config.gguf_dtype}", None):
+                info = gguf.dequantize(file, hf_dir, config.gguf_dtype)
+            hf_config = check_hf_directory(hf_dir, config, "model.path")
+            return StageResult(metrics=_shape_metrics(hf_config, hf_dir), info={"source": "gguf", **info})
         if config.source == "path":
             assert config.path is not None  # required by the config's validator for this source
             source_dir = ctx.recipe.resolve_path(config.path)

@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtbuild.core.data.sources import TextSource
 from trtbuild.core.stage_api import StageConfig
+from trtbuild.draft.config import _SLURM_WORD, DraftTrainSlurm
+
+
+class CalibrationSlurm(DraftTrainSlurm):
+    """draft.train.slurm's sbatch settings, with the calibration's own job name and time limit."""
+
+    time_limit: str = Field(default="01:00:00", pattern=r"^(\d+-)?\d+(:\d{1,2}){0,2}$",
+                            description="#SBATCH -t ([D-]HH:MM:SS).")
+    job_name: str = Field(default="trtbuild-quantize", pattern=_SLURM_WORD, max_length=128,
+                          description="#SBATCH -J.")
 
 
 class CalibrationConfig(StageConfig):
@@ -20,6 +30,29 @@ class CalibrationConfig(StageConfig):
     seq_len: int = Field(default=256, gt=1, le=1 << 20, description="Tokens per calibration window.")
     batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass.")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the window sampling (deterministic).")
+    processes: int = Field(default=1, ge=1, le=64, description="Calibration processes per node (one per GPU "
+                           "on a GPU host). With processes x nodes > 1 the stage launches them itself "
+                           "(torchrun, as draft.train): each holds its FSDP2 shard of every decoder layer, runs "
+                           "its share of the calibration batches, and ModelOpt all-reduces every amax (max); "
+                           "the gate and the export then run once in the stage's process with those amaxes.")
+    nodes: int = Field(default=1, ge=1, le=4096, description="Nodes; > 1 runs under Slurm (srun + torchrun, "
+                       "c10d rendezvous): inside an allocation the stage runs srun itself, elsewhere it writes "
+                       "the sbatch script and says where.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="torch.distributed backend; "
+                                                     "auto: nccl on CUDA, gloo on CPU.")
+    slurm: CalibrationSlurm = Field(default_factory=CalibrationSlurm, description="sbatch settings (nodes > 1).")
+
+    def world_size(self) -> int:
+        return self.processes * self.nodes
+
+    @model_validator(mode="after")
+    def _batches_per_rank(self) -> CalibrationConfig:
+        batches = -(-self.num_samples // self.batch_size)
+        if batches < self.world_size():
+            raise ValueError(f"{batches} calibration batches (num_samples / batch_size) do not give each of the "
+                             f"processes x nodes = {self.world_size()} ranks one: raise num_samples or lower "
+                             "batch_size or processes")
+        return self
 
 
 class GateConfig(StageConfig):

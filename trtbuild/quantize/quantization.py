@@ -49,8 +49,10 @@ def calibration_gpus(model: Any) -> int:
 
 
 def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
-                 base_dir: Path | None = None) -> StageResult:
-    """The whole stage on an HF model dir; writes `out_dir/hf`. Raises on the gate."""
+                 base_dir: Path | None = None, resume: Path | None = None, recipe_name: str = "") -> StageResult:
+    """The whole stage on an HF model dir; writes `out_dir/hf`. Raises on the gate. With
+    calibration.processes x nodes > 1 the calibration runs in launched ranks (trtbuild/quantize/distributed.py,
+    their amaxes kept in `resume`) before this process loads the model."""
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -66,20 +68,29 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
 
     saved_dtype = checkpoint_dtype(model_dir) if device == "cpu" else None
     load_dtype = torch.float32 if saved_dtype is not None else "auto"
+    cal, gate = config.calibration, config.gate
+    amaxes = None
+    if cal.world_size() > 1:  # the ranks calibrate first, before this process takes GPU memory
+        from trtbuild.quantize import distributed
+
+        if resume is None:
+            raise ValueError("distributed calibration needs a resume dir")
+        meta = distributed.meta_model(model_dir)
+        check_seq_lens(config, meta)
+        cal_windows, eval_windows = token_data(config, tokenizer, base_dir)
+        amaxes = distributed.calibrate_in_ranks(
+            config, model_dir, cal_windows, modelopt_fp8.resolve_excludes(meta, config.exclude),
+            "float32" if load_dtype == torch.float32 else "auto", resume, progress, recipe_name)
+        del meta
     model = load_for_calibration(model_dir, load_dtype, device)
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
-                           ("quantize.gate.seq_len", config.gate.seq_len)):
-        if max_positions and seq_len > max_positions:
-            raise UserError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {max_positions}",
-                            field=field, fix=f"use seq_len <= {max_positions}")
+    check_seq_lens(config, model)
     excluded = modelopt_fp8.resolve_excludes(model, config.exclude)
 
     gpus = calibration_gpus(model) if device == "cuda" else 0
     if gpus > 1:
         progress.log(f"quantize: the model is spread over {gpus} GPUs (device_map=\"auto\")")
-    cal_windows, eval_windows = token_data(config, tokenizer, base_dir)
-    cal, gate = config.calibration, config.gate
+    if amaxes is None:
+        cal_windows, eval_windows = token_data(config, tokenizer, base_dir)
 
     def ppl(lm: Any, description: str) -> evaluation.Perplexity:
         return evaluation.perplexity(evaluation.hf_logits(lm), eval_windows, batch_size=gate.batch_size,
@@ -92,7 +103,10 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
 
     started = time.perf_counter()
     qcfg = modelopt_fp8.quant_config(kv_cache=config.kv_cache == "fp8", excluded=excluded)
-    modelopt_fp8.calibrate(model, qcfg, cal_windows, batch_size=cal.batch_size, progress=progress)
+    if amaxes is None:
+        modelopt_fp8.calibrate(model, qcfg, cal_windows, batch_size=cal.batch_size, progress=progress)
+    else:
+        distributed.apply_amaxes(model, qcfg, amaxes)
     calibration_seconds = time.perf_counter() - started
 
     quantized = ppl(model, "perplexity (fp8)")
@@ -107,6 +121,7 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
         "calibration_samples": int(cal_windows.shape[0]),
         "calibration_tokens": int(cal_windows.numel()),
         "calibration_seconds": calibration_seconds,
+        "calibration_processes": cal.world_size(),
     }
     if ratio > gate.max_perplexity_ratio:
         error = BuildError(
@@ -153,6 +168,15 @@ def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, prog
             "tokenizer_files": tokenizer_files, "calibration_dataset": cal.dataset.describe(),
             "eval_dataset": gate.eval_dataset.describe(), "export_dir": export_dir.name}
     return StageResult(metrics=metrics, info=info)
+
+
+def check_seq_lens(config: QuantizeConfig, model: Any) -> None:
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    for field, seq_len in (("quantize.calibration.seq_len", config.calibration.seq_len),
+                           ("quantize.gate.seq_len", config.gate.seq_len)):
+        if max_positions and seq_len > max_positions:
+            raise UserError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {max_positions}",
+                            field=field, fix=f"use seq_len <= {max_positions}")
 
 
 def accepting_limit(ratio: float) -> str:

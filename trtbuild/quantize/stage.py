@@ -39,5 +39,19 @@ class QuantizeStage(Stage):
 
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         assert isinstance(config, QuantizeConfig)
-        return run_quantize(config, ctx.input("model").path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
-                            base_dir=_base_dir(ctx.recipe))
+        model = ctx.input("model")
+        if config.calibration.world_size() == 1:
+            return run_quantize(config, model.path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
+                                base_dir=_base_dir(ctx.recipe))
+        import shutil
+
+        from trtbuild.core.cache import resume_in_use
+        from trtbuild.quantize.distributed import resume_dir
+
+        resume = resume_dir(config, model.key, self.key_material(config, ctx.recipe)["calibration_data"])
+        with resume_in_use(resume):  # `cache gc` leaves the finished calibration alone while the stage runs
+            result = run_quantize(config, model.path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
+                                  base_dir=_base_dir(ctx.recipe), resume=resume,
+                                  recipe_name=getattr(ctx.recipe, "name", "") or "")
+        shutil.rmtree(resume, ignore_errors=True)
+        return result

@@ -52,7 +52,8 @@ def local_model_dir(deploy_dir: Path) -> tuple[Path, dict[str, Any]]:
 
 def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
                  upstream_headers: dict[str, str] | None = None,
-                 problem: Callable[[], str | None] | None = None) -> FrontConfig:
+                 problem: Callable[[], str | None] | None = None,
+                 upstream_url: Callable[[], str] | None = None) -> FrontConfig:
     """The front for a local repository's model: its tokenizer and defaults from config.pbtxt, its
     prompt limits from the target's context (the same the model applies)."""
     import json
@@ -81,7 +82,7 @@ def front_config(model_dir: Path, triton_http: str, model_id: str | None = None,
                        eos_ids=frozenset([eos] if isinstance(eos, int) else eos or []),
                        context_tokens=context, max_prompt_bytes=prompt_byte_limit(tokenizer, context, configured),
                        upstream_headers=tuple((upstream_headers or {}).items()),
-                       problem=problem or (lambda: None))
+                       problem=problem or (lambda: None), upstream_url=upstream_url)
 
 
 def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
@@ -93,8 +94,9 @@ def openai_front(model_dir: Path, port: int, drain_timeout_s: float = 30.0
         from trtbuild.serve.openai_api.runner import OpenAIFront
 
         # straight to tritonserver's own port, with the key only the fronts hold
+        # (it follows tritonserver to the ports of a restart: server.triton_http is read per request)
         config = front_config(model_dir, server.triton_http, upstream_headers=server.upstream_headers,
-                              problem=server.problem)
+                              problem=server.problem, upstream_url=lambda: f"http://{server.triton_http}")
         with OpenAIFront(config, port=port, drain_timeout_s=drain_timeout_s) as front:
             yield [f"OpenAI   {front.url}  (/models, /completions, /chat/completions; "
                    f"model \"{config.model_id}\")"]

@@ -10,10 +10,11 @@ see trtbuild.serve.server). The front:
   logging and trace are refused (403);
 - refuses requests a web page can send without CORS (an Origin header, text/plain or form bodies);
 - answers /generate fields of the wrong JSON type with 400 and the field (tritonserver says 500);
-- sends a non-streaming /generate to a decoupled model upstream as /generate_stream and assembles
-  the answer here: tritonserver notices a client that went away only when it writes to it, so a
-  stream lets an abandoned request be cancelled. A client that leaves cancels its handler (aiohttp's
-  handler_cancellation), which closes the upstream connection, which cancels the request;
+- sends a non-streaming /generate (and a /generate_stream without `"stream": true`) to a decoupled
+  model upstream as a stream of steps and assembles the answer here: tritonserver notices a client
+  that went away only when it writes to it, so a stream lets an abandoned request be cancelled. A
+  client that leaves cancels its handler (aiohttp's handler_cancellation), which closes the upstream
+  connection, which cancels the request;
 - answers 503 while tritonserver restarts or drains.
 Responses are relayed as they come (streams stay streams; an HTTP/1.0 client gets the body
 close-delimited, as aiohttp writes it).
@@ -42,6 +43,9 @@ _BROWSER_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp sets itself: never relayed.
 _HOP = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                   "host", "content-length", "proxy-authorization", "proxy-authenticate"))
+
+
+_UTF8 = ("utf-8", "utf8", "us-ascii", "ascii")  # charsets whose JSON tritonserver reads as it is meant
 
 
 class Refused(Exception):
@@ -172,8 +176,9 @@ class Front:
         route = _model_route(request.path)
         if request.method == "POST" and route and route[1] in ("/generate", "/generate_stream"):
             fields = await self._generate_fields(body, route[0])
-            if route[1] == "/generate" and (await self._model(route[0])).get("decoupled"):
-                return await self._generate_as_stream(route[0], fields, request)
+            one_answer = route[1] == "/generate" or not _wants_steps(fields)
+            if one_answer and (await self._model(route[0])).get("decoupled"):
+                return await self._generate_as_stream(route[0], fields, request, as_event=route[1] != "/generate")
         return await self._relay(request, body)
 
     def _check_head(self, request: web.Request) -> None:
@@ -200,6 +205,9 @@ class Front:
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if content_type in _BROWSER_TYPES:
             raise Refused(415, f"Content-Type {content_type} is not accepted; send application/json")
+        charset = request.charset  # tritonserver reads every body as UTF-8, whatever the header says
+        if charset is not None and charset.strip().lower() not in _UTF8:
+            raise Refused(415, f"charset {charset!r} in Content-Type is not read here; send UTF-8")
 
     def _check_body(self, request: web.Request, body: bytes) -> None:
         json_part = body
@@ -266,6 +274,11 @@ class Front:
             raise Refused(400, "the body is not valid JSON") from None
         if not isinstance(fields, dict):
             raise Refused(400, "the body must be a JSON object of the model's inputs")
+        try:  # an escaped lone surrogate ("\ud800") parses, but is no Unicode text the model can take
+            json.dumps(fields, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Refused(400, f"the body holds {exc.object[exc.start:exc.end]!a}, a lone surrogate, "
+                          "which is not Unicode text") from None
         inputs = (await self._model(model)).get("inputs", {})
         for name, datatype in inputs.items():
             problem = field_problem(name, fields[name], datatype) if name in fields else None
@@ -273,7 +286,11 @@ class Front:
                 raise Refused(400, problem)
         return fields
 
-    async def _generate_as_stream(self, model: str, fields: dict[str, Any], request: web.Request) -> web.Response:
+    async def _generate_as_stream(self, model: str, fields: dict[str, Any], request: web.Request,
+                                  as_event: bool = False) -> web.Response:
+        """The steps of one generation assembled into /generate's answer, or with `as_event` into
+        the one event tritonserver's /generate_stream sends without `stream` (a refusal or an error
+        in the stream, a cut at shutdown included, is then an error event of a 200, as tritonserver's)."""
         assert self._session is not None
         prompts = fields.get("text_input")  # one stream flag per prompt: the model's own checks then apply
         stream: Any = [True] * len(prompts) if isinstance(prompts, list) and prompts else True
@@ -290,8 +307,8 @@ class Front:
             raise Refused(502, "tritonserver closed the connection (it may have stopped)") from None
         if status != 200:  # refused before any response: tritonserver kept the model's code (400, 503, ...)
             error = _first_error(raw)
-            if error is not None:
-                return _error(status, error)
+            if error is not None:  # (its /generate_stream without `stream` sends the refusal as an event)
+                return _event({"error": error}) if as_event else _error(status, error)
             return web.Response(status=status, body=raw, content_type="application/json")
         merged: dict[str, Any] = {}
         ids: list[Any] = []
@@ -302,6 +319,8 @@ class Front:
             piece = json.loads(data[5:])
             if "error" in piece:
                 message = str(piece["error"])
+                if as_event:
+                    return _event({"error": message})
                 return _error(503 if "shutting down" in message else (400 if not merged else 500), message)
             merged.setdefault("output_ids", [])
             for key, value in piece.items():
@@ -314,8 +333,22 @@ class Front:
         if "output_ids" in merged or ids:
             merged["output_ids"] = ids[0] if len(ids) == 1 else ids
         merged = dict(sorted(merged.items()))  # tritonserver's order: model_name, model_version, outputs
+        if as_event:
+            return _event(merged)
         return web.Response(body=json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode(),
                             content_type="application/json")
+
+
+def _wants_steps(fields: dict[str, Any]) -> bool:
+    """A /generate_stream that asks for one response per step (`"stream": true`, for any prompt)."""
+    flag = fields.get("stream")
+    return any(v is True for v in flag) if isinstance(flag, list) else flag is True
+
+
+def _event(data: dict[str, Any]) -> web.Response:
+    """One server-sent event holding `data`, as tritonserver's /generate_stream writes it."""
+    body = b"data: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return web.Response(body=body, content_type="text/event-stream", charset="utf-8")
 
 
 def _first_error(raw: bytes) -> str | None:

@@ -23,7 +23,7 @@ import contextlib
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class GrpcFront:
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
         self._thread: threading.Thread | None = None
+        self.problem: Callable[[], str | None] = lambda: None  # why no call may go upstream now (UNAVAILABLE)
 
     def start(self) -> None:
         self.port = self.listener.bind(self.host, self.port)
@@ -139,8 +140,14 @@ class GrpcFront:
                        if k.lower() not in self._secret_keys and not k.startswith("grpc-"))
         return theirs + self.metadata
 
+    async def _check_up(self, context: grpc.aio.ServicerContext) -> None:
+        problem = self.problem()
+        if problem is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, problem)
+
     async def unary(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         assert self._channel is not None
+        await self._check_up(context)
         call = self._channel.unary_unary(method)(request, metadata=self.metadata_for(context),
                                                  timeout=context.time_remaining())
         try:
@@ -154,6 +161,7 @@ class GrpcFront:
     async def stream(self, method: str, requests: AsyncIterator[bytes],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         assert self._channel is not None
+        await self._check_up(context)
         call = self._channel.stream_stream(method)(requests, metadata=self.metadata_for(context),
                                                    timeout=context.time_remaining())
         try:

@@ -129,7 +129,10 @@ class Listener:
         if conn is not None:
             conn.busy += 1
         try:
-            return await handler(request)
+            response = await handler(request)
+            if request.get(_UNREADABLE_BODY):
+                response.force_close()  # the rest of the connection's bytes cannot be trusted either
+            return response
         finally:
             if conn is not None:
                 conn.busy -= 1
@@ -181,6 +184,9 @@ class Listener:
         return True
 
 
+_UNREADABLE_BODY = "trtbuild.unreadable_body"  # request key: answer, then close the connection
+
+
 class BodyError(Exception):
     """A body that cannot be read: undecodable Content-Encoding (br without brotli, bad deflate)."""
 
@@ -194,4 +200,8 @@ async def read_body(request: web.Request, timeout_s: float = BODY_TIMEOUT_S) -> 
     except (web.RequestPayloadError, HttpProcessingError) as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else exc
         message = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+        # Nothing more of this body is read: without this, aiohttp reads on to drain it after the
+        # answer, meets the same decoding error and logs it as a 40-line "Unhandled exception".
+        request[_UNREADABLE_BODY] = True
+        request.content.feed_eof()
         raise BodyError(f"the request body cannot be decoded: {str(message).strip()}") from None

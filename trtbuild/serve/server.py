@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.core.errors import BuildError, TrtbuildError, UserError
+from trtbuild.serve.ownership import holds_ports
 
 HOST = "127.0.0.1"
 DRAIN_MARGIN_S = 15  # after the drain file: time for the model to cut its requests and unload
@@ -204,6 +205,7 @@ class TritonServer:
         self.triton_grpc_port = free_port() if front else self.endpoints.grpc_port
         self.warnings: list[str] = []
         self._problem: tuple[float, str | None] = (0.0, None)
+        self._ready = False  # tritonserver answered ready on ports it holds itself (see _wait_ready)
 
     @property
     def upstream_headers(self) -> dict[str, str]:
@@ -281,6 +283,7 @@ class TritonServer:
             self._grpc_front = GrpcFront(HOST, self.endpoints.grpc_port, self.triton_grpc_port,
                                          max_message=self._front_options[0], upstream_metadata=self.upstream_metadata,
                                          limits=Limits(total=limits.total * 2 // 3, per_client=limits.per_client * 2 // 3))
+            self._grpc_front.problem = self.problem
             self._grpc_front.start()
         self._launch(ready_timeout_s)
         return self.endpoints
@@ -369,6 +372,7 @@ class TritonServer:
 
     def restart(self, ready_timeout_s: float = 180.0) -> None:
         """Start tritonserver again after it died (same ports; the front answers 503 meanwhile)."""
+        self._ready = False
         if self._front is not None:
             self._front.upstream_up = False
         self._reap(self._proc)
@@ -388,12 +392,16 @@ class TritonServer:
                 how = f"exited with code {code}" if code >= 0 else f"was {self._how_it_ended()}"
                 raise BuildError(f"tritonserver {how} while starting: {self.failure_summary()}",
                                  fix=f"see the log {self._log_path}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            # Only tritonserver itself gets the probe (and its key): a port another process took
+            # before it could bind it makes it exit ("already in use"), and _launch picks others.
+            if self._holds_its_ports():
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        if response.status == 200 and self._holds_its_ports():
+                            self._ready = True
+                            return
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
             time.sleep(0.2)
         raise BuildError(f"tritonserver not ready after {timeout_s:.0f} s: {self.failure_summary()}",
                          fix=f"see the log {self._log_path}")
@@ -447,9 +455,17 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def _holds_its_ports(self) -> bool:
+        proc = self._proc
+        return proc is not None and holds_ports(proc.pid, (self.triton_http_port, self.triton_grpc_port))
+
     def problem(self) -> str | None:
-        """Why the model cannot answer although tritonserver runs (its readiness does not see it):
-        a process of its group stopped (SIGSTOP, a debugger). Read from /proc at most every 0.5 s."""
+        """Why the model cannot answer now: tritonserver is not running or not yet ready on ports it
+        holds (checked on every call: the fronts ask before each request, so none goes to a dead
+        server's port, which anyone may have taken), or a process of its group stopped (SIGSTOP, a
+        debugger; read from /proc at most every 0.5 s: its readiness does not see it)."""
+        if not self._ready or not self.is_running():
+            return "the server is restarting; try again shortly"
         checked, found = self._problem
         if time.monotonic() - checked < 0.5:
             return found

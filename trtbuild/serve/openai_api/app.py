@@ -44,6 +44,11 @@ class FrontConfig:
     max_prompt_bytes: int = 1 << 20  # longer prompts cannot fit the context (textgen.prompt_byte_limit)
     upstream_headers: tuple[tuple[str, str], ...] = ()  # the key of tritonserver's restricted APIs
     problem: Callable[[], str | None] = lambda: None  # why the model cannot answer now (503), if so
+    upstream_url: Callable[[], str] | None = None  # Triton's HTTP endpoint now, when it can move (serve)
+
+    def triton_base(self) -> str:
+        """Where requests go now: a restarted tritonserver may listen on other ports."""
+        return self.upstream_url() if self.upstream_url is not None else self.triton_url
 
 
 @dataclass
@@ -131,7 +136,7 @@ class Generation:
         return cls(config, session, prompt, req, budget, count)
 
     async def deltas(self) -> AsyncIterator[str]:
-        stream = generate_stream(self.session, self.config.triton_url, self.config.triton_model, self.fields,
+        stream = generate_stream(self.session, self.config.triton_base(), self.config.triton_model, self.fields,
                                  headers=dict(self.config.upstream_headers))
         try:
             async for text, ids in stream:
