@@ -27,8 +27,11 @@ from trtbuild.core.bundle_info import BundleInfo
 from trtbuild.core.contract import Violation, load_contract
 from trtbuild.core.contract import validate as cv
 from trtbuild.core.contract.dynamo import DynamoContract, load_dynamo_contract
+from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.shell import comment_safe, default_assignment, quote
+from trtbuild.deploy.config import DeployConfig
 from trtbuild.deploy.repo_trtllm import llmapi_model_yaml
+from trtbuild.engine.config import EngineConfig
 
 ENGINE_ARGS_DIR = "/etc/trtbuild/engine-args"  # where the ConfigMap is mounted in the worker pods
 CONTAINER_DYNAMO = "/opt/trtbuild/dynamo"  # where dynamo_node.sh mounts deploy/dynamo
@@ -314,9 +317,9 @@ def write_dynamo_deployment(out: Path, config: Any, bundle: BundleInfo, max_batc
             "manifests": manifests, "launch": "launch/dynamo_node.sh"}
 
 
-def plan_notes(recipe: Any) -> list[str]:
+def plan_notes(recipe: RecipeInfo) -> list[str]:
     """What `trtbuild plan` says the dynamo target will write (nothing without it)."""
-    deploy, engine = getattr(recipe, "deploy", None), getattr(recipe, "engine", None)
+    deploy, engine = recipe.section(DeployConfig), recipe.section(EngineConfig)
     if deploy is None or "dynamo" not in deploy.target:
         return []
     dynamo = load_dynamo_contract()
