@@ -468,7 +468,7 @@ def test_a_1000_deep_extends_chain_is_one_line(tmp_path, capsys, monkeypatch):
 def test_training_processes_are_sized_against_memory(tmp_path, monkeypatch, capsys, ram_gib, processes, refused):
     """Issue 38 finding 4: draft.train.processes 64 passed validate on a 24 GiB machine (about 0.8 GB
     measured per process); the machine's memory is set here so the case does not depend on the host."""
-    from trtbuild import crosschecks
+    from trtbuild.app import crosschecks
 
     monkeypatch.setattr(crosschecks, "machine_memory", lambda: ram_gib << 30)
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "cache"))

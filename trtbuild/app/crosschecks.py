@@ -235,7 +235,6 @@ def _memory(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
             field, what, need, limit, where = per_rank
             device_lines.append(f"{field}: needs about {need / GIB:.1f} GiB of memory for {what}, more than "
                                 f"{where} {limit / GIB:.1f} GiB (fix: lower it, or raise draft.train.processes)")
-    out = _training_processes(recipe, ram)
     quantize = recipe.quantize
     if quantize is not None:
         cal, gate = quantize.calibration, quantize.gate
@@ -244,32 +243,8 @@ def _memory(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
         for field, batch, seq in (("quantize.calibration.batch_size", cal.batch_size, cal.seq_len),
                                   ("quantize.gate.batch_size", gate.batch_size, gate.seq_len)):
             estimates.append((field, f"logits of {batch} x {seq} tokens", batch * seq * (vocab * 4 * 3 + hidden * 4 * 16)))
-    return out + [f"{field}: needs about {need / GIB:.1f} GiB of memory for {what}, more than this machine's "
+    return [f"{field}: needs about {need / GIB:.1f} GiB of memory for {what}, more than this machine's "
                   f"{ram / GIB:.1f} GiB (fix: lower it)" for field, what, need in estimates if need > ram] + device_lines
-
-
-def _training_processes(recipe: Recipe, ram: int) -> list[str]:
-    """draft.train.processes on this machine (one node): each is a Python + torch process of its own
-    and, on the CPU, holds its own float32 copy of the target (1/world of it under fsdp)."""
-    from trtbuild.app.validate_data import INSTANCE_OVERHEAD, _target_weight_bytes
-
-    draft = recipe.draft
-    if draft is None or draft.source != "train" or draft.train.processes < 2 or draft.train.nodes > 1:
-        return []
-    from trtbuild.draft.distributed import resolve_device
-
-    train = draft.train
-    weights = (_target_weight_bytes(recipe) or 0) if resolve_device(train.device) == "cpu" else 0
-    if train.target_sharding == "fsdp":
-        weights //= train.world_size()
-    each = INSTANCE_OVERHEAD + weights
-    need = train.processes * each
-    if need <= ram:
-        return []
-    copy = f" and its copy of the target, {weights / GIB:.2f} GiB" if weights else ""
-    return [f"draft.train.processes: {train.processes} training processes need about {need / GIB:.1f} GiB (each "
-            f"a Python + torch process, ~{INSTANCE_OVERHEAD / GIB:.1f} GiB,{copy}), more than this machine's "
-            f"{ram / GIB:.1f} GiB (fix: use at most {max(1, ram // each)})"]
 
 
 __all__ = ["STAGE_ORDER", "problems"]

@@ -18,6 +18,7 @@ from trtbuild.core.contract import load_contract
 from trtbuild.draft.config import DraftConfig, DraftTraining
 from trtbuild.engine.checkpoint_quant import quant_of_dir
 from trtbuild.model.source import hf_cache_dir, target_hf_config, text_config, uses_standin
+from trtbuild.quantize.distributed import rank_memory
 
 # One H100's memory: the reference for "fits on one GPU" (the recipe does not name the card).
 ONE_GPU_GB = 80.0
@@ -135,8 +136,6 @@ def _quantize_step(recipe: Recipe, params: int, layout: tuple[int, list[int]]) -
 
 def _calibration_ranks(cal: Any, layout: tuple[int, list[int]]) -> list[str]:
     """The calibration's launch and weight memory per rank (trtbuild/quantize/distributed.py)."""
-    from trtbuild.quantize.distributed import rank_memory
-
     world = cal.world_size()
     held = rank_memory(*layout, world)
     budget = CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9
@@ -152,8 +151,6 @@ def _calibration_ranks(cal: Any, layout: tuple[int, list[int]]) -> list[str]:
 
 def _calibration_fit(layout: tuple[int, list[int]]) -> str:
     """The smallest node count (GPUS_PER_NODE processes each) whose calibration ranks fit, or why none does."""
-    from trtbuild.quantize.distributed import rank_memory
-
     budget = CALIBRATION_GPU_SHARE * ONE_GPU_GB * 1e9
     for nodes in range(1, 65):
         held = rank_memory(*layout, nodes * GPUS_PER_NODE)

@@ -248,10 +248,10 @@ def _run_stage(item: PlannedStage, recipe: Recipe, cache: ArtifactCache, artifac
         except BaseException as exc:
             item.seconds = round(time.perf_counter() - started, 3)
             wrapped = wrapped_os_error(exc)  # a library's own exception for a full disk (safetensors)
-            error = os_error(wrapped, written=dir_size(workdir), where=str(workdir)) if wrapped else None
+            full = os_error(wrapped, written=dir_size(workdir), where=str(workdir)) if wrapped else None
             cache.discard(workdir)  # a failed stage leaves nothing behind
-            if error is not None:
-                raise error from exc
+            if full is not None:
+                raise full from exc
             raise
         item.seconds = round(time.perf_counter() - started, 3)
         item.metrics = result.metrics

@@ -14,10 +14,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trtbuild.app import crosschecks
 from trtbuild.app.crosschecks import _target_shapes
 from trtbuild.app.recipe import Recipe
 from trtbuild.core.data.sources import load_records
 from trtbuild.core.errors import UserError
+from trtbuild.core.ranks import resolve_device
 from trtbuild.model.source import local_model_dir, text_config, uses_standin
 
 GIB = 1 << 30
@@ -36,7 +38,7 @@ def problems(recipe: Recipe) -> list[str]:
     except (OSError, ValueError):
         shapes = None
     return (_output_dir(recipe) + _model_shapes(recipe) + _data_sources(recipe) + _tokenizers(recipe, shapes)
-            + _deploy(recipe, shapes))
+            + _deploy(recipe, shapes) + _training_processes(recipe))
 
 
 def _int(shapes: dict[str, Any] | None, key: str) -> int | None:
@@ -268,13 +270,11 @@ def _deploy(recipe: Recipe, shapes: dict[str, Any] | None) -> list[str]:
 
 
 def _local_memory(recipe: Recipe, deploy: Any) -> list[str]:
-    from trtbuild.app.crosschecks import machine_memory
-
     weights = _target_weight_bytes(recipe)
     if weights is None:
         return []
     need = deploy.instance_count * (weights + INSTANCE_OVERHEAD)
-    ram = machine_memory()
+    ram = crosschecks.machine_memory()  # looked up at call time: tests set the machine's memory
     if need <= ram:
         return []
     most = max(1, ram // (weights + INSTANCE_OVERHEAD))
@@ -300,3 +300,24 @@ def _target_weight_bytes(recipe: Recipe) -> int | None:
     if directory is None:
         return None
     return sum(p.stat().st_size for p in directory.glob("*.safetensors") if p.is_file()) or None
+
+
+def _training_processes(recipe: Recipe) -> list[str]:
+    """draft.train.processes on this machine (one node): each is a Python + torch process of its own
+    and, on the CPU, holds its own float32 copy of the target (1/world of it under fsdp)."""
+    draft = recipe.draft
+    if draft is None or draft.source != "train" or draft.train.processes < 2 or draft.train.nodes > 1:
+        return []
+    train = draft.train
+    ram = crosschecks.machine_memory()  # looked up at call time: tests set the machine's memory
+    weights = (_target_weight_bytes(recipe) or 0) if resolve_device(train.device) == "cpu" else 0
+    if train.target_sharding == "fsdp":
+        weights //= train.world_size()
+    each = INSTANCE_OVERHEAD + weights
+    need = train.processes * each
+    if need <= ram:
+        return []
+    copy = f" and its copy of the target, {weights / GIB:.2f} GiB" if weights else ""
+    return [f"draft.train.processes: {train.processes} training processes need about {need / GIB:.1f} GiB (each "
+            f"a Python + torch process, ~{INSTANCE_OVERHEAD / GIB:.1f} GiB,{copy}), more than this machine's "
+            f"{ram / GIB:.1f} GiB (fix: use at most {max(1, ram // each)})"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -146,11 +147,11 @@ def cache_gc(days: float, dry_run: bool) -> None:
         click.echo(f"{verb} {name}" + (" (broken manifest)" if entry in broken else ""))
     for entry in leased:
         click.echo(f"kept {entry.stage}/{entry.key}: a running server uses it")
-    resumes = [p for p in resumes if attempt(f"resume/{p.name}", lambda p=p: store.remove_resume(p))]
+    resumes = [p for p in resumes if attempt(f"resume/{p.name}", functools.partial(store.remove_resume, p))]
     for path in resumes:
         click.echo(f"{verb} resume/{path.name}")
     leftovers = [p for p in leftovers if attempt(f"incomplete {p.parent.name}/{p.name}",
-                                                 lambda p=p: store.remove_incomplete(p))]
+                                                 functools.partial(store.remove_incomplete, p))]
     for path in leftovers:
         click.echo(f"{verb} incomplete {path.parent.name}/{path.name}")
     click.echo(f"{sum(e in doomed for e in removed)} entries, {sum(e in broken for e in removed)} broken, "

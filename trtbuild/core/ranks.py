@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.core.cache import sha256_file
+from trtbuild.core.errors import BuildError
+from trtbuild.core.shell import comment_safe, default_assignment, quote, sbatch_directives
 
 if TYPE_CHECKING:
     import torch
@@ -78,8 +80,6 @@ def slurm_head_node() -> str:
 def slurm_script(job_file: Path, processes: int, nodes: int, slurm: Any, recipe_name: str = "", *, module: str,
                  work: str, result: str) -> str:
     """sbatch script: one torchrun per node (srun), c10d rendezvous on the first node of the allocation."""
-    from trtbuild.core.shell import comment_safe, default_assignment, quote, sbatch_directives
-
     directives = sbatch_directives(job_name=slurm.job_name, nodes=nodes, tasks_per_node=1,
                                    gpus_per_node=processes, time_limit=slurm.time_limit,
                                    output=f"{slurm.job_name}-%j.out", partition=slurm.partition, account=slurm.account)
@@ -108,8 +108,6 @@ def launch(argv: list[str], resume: Path, steps: int, progress: Any, description
     (BuildError) when any rank fails, or when `rendezvous_s` is given and the ranks have not started that
     long after the launch (the nodes did not meet at `meeting`, host:port; rank 0 prints JOINED first)."""
     import threading
-
-    from trtbuild.core.errors import BuildError
 
     for stale in resume.glob("error-rank*.txt"):
         stale.unlink()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.core import ranks
+from trtbuild.core.cache import sha256_file
 from trtbuild.core.ranks import (  # noqa: F401 (the draft stage's build.py reads these from here)
     JOINED,
     LAUNCH_LOG,
@@ -149,7 +150,6 @@ def run_rank(job_file: Path) -> None:
     import torch.distributed as dist
     from safetensors.torch import load_file, save_file
 
-    from trtbuild.core.cache import sha256_file
     from trtbuild.draft.model import DraftArch, convert_to_eagle3, load_target
     from trtbuild.draft.train import TrainPlan, train
 

@@ -58,10 +58,10 @@ def target_hf_config(recipe: RecipeInfo) -> tuple[dict[str, Any], str] | None:
         return None
     if config.source == "gguf":
         try:
-            file = gguf.locate(config, recipe)
+            gguf_file = gguf.locate(config, recipe)
         except UserError:
             return None  # preflight says what is missing
-        return gguf.metadata_config(file), f"GGUF metadata {file}"
+        return gguf.metadata_config(gguf_file), f"GGUF metadata {gguf_file}"
     directory = local_model_dir(config, recipe)
     file = directory / "config.json" if directory is not None else standin_path(config, recipe)
     if file is None:

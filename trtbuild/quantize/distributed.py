@@ -29,6 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core import ranks as launcher
+from trtbuild.core.cache import default_root, sha256_file
+from trtbuild.core.code_version import code_version
+from trtbuild.core.errors import BuildError, UserError
+from trtbuild.core.ranks import PROGRESS_PREFIX, atomic_write, read_verified
+from trtbuild.quantize import modelopt_fp8
+
 JOB_FILE = "calibrate.json"
 WINDOWS_FILE = "windows.safetensors"
 AMAX_FILE = "amax.safetensors"
@@ -55,9 +62,6 @@ def resume_dir(config: Any, model_key: str, data_key: Any = None) -> Path:
     the data's fingerprint, the quantizer config, the model artifact, this code), not by how many ranks
     ran."""
     import hashlib
-
-    from trtbuild.core.cache import default_root
-    from trtbuild.core.code_version import code_version
 
     shaping = config.model_dump(mode="json", include={"kv_cache": True, "exclude": True, "format": True,
                                                       "calibration": True})
@@ -97,8 +101,6 @@ def rank_batches(batches: int, rank: int, world: int) -> list[int]:
 
 def read_amaxes(resume: Path) -> dict[str, Any] | None:
     """The finished calibration's amaxes {quantizer name: tensor}, or None (none, or torn by a kill)."""
-    from trtbuild.core.ranks import read_verified
-
     found = read_verified(resume / AMAX_FILE, resume / RESULT_FILE)
     return None if found is None else found[1]
 
@@ -107,9 +109,6 @@ def calibrate_in_ranks(config: Any, model_dir: Path, windows: Any, excluded: lis
                        resume: Path, progress: Any, recipe_name: str = "") -> dict[str, Any]:
     """Launch the ranks over `windows` (the stage's calibration windows); returns the all-reduced amaxes."""
     from safetensors.torch import save_file
-
-    from trtbuild.core import ranks as launcher
-    from trtbuild.core.errors import BuildError, UserError
 
     cal = config.calibration
     done = read_amaxes(resume)
@@ -157,9 +156,6 @@ def apply_amaxes(model: Any, cfg: dict[str, Any], amaxes: dict[str, Any]) -> Non
     ranks did not calibrate, or one they did that this model lacks, is an error (different models)."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.nn import TensorQuantizer
-
-    from trtbuild.core.errors import BuildError
-    from trtbuild.quantize import modelopt_fp8
 
     with modelopt_fp8.quiet():
         mtq.quantize(model, cfg, None)
@@ -227,10 +223,6 @@ def run_rank(job_file: Path) -> None:
     import torch
     import torch.distributed as dist
     from safetensors.torch import load_file, save_file
-
-    from trtbuild.core.cache import sha256_file
-    from trtbuild.core.ranks import PROGRESS_PREFIX, atomic_write
-    from trtbuild.quantize import modelopt_fp8
 
     job = CalibrationJob(**json.loads(job_file.read_text()))
     resume = Path(job.resume_dir)

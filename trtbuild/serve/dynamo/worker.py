@@ -26,6 +26,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from trtbuild.core.data.chat import FALLBACK_CHAT_TEMPLATE
+from trtbuild.core.pbtxt import parameters_of, parse_config
+from trtbuild.runtime import SamplingParams
+from trtbuild.serve.textbatch import TextBatcher
+from trtbuild.serve.textgen import GenRequest, generator_from_params
+
 FALLBACK_TEMPLATE_FILE = "chat_template.jinja"
 
 
@@ -33,10 +39,6 @@ class Engine:
     """The in-flight batch on a thread of its own; asyncio requests in, token chunks out."""
 
     def __init__(self, model_dir: Path) -> None:
-        from trtbuild.core.pbtxt import parameters_of, parse_config
-        from trtbuild.serve.textbatch import TextBatcher
-        from trtbuild.serve.textgen import generator_from_params
-
         config = parse_config(model_dir / "config.pbtxt")
         params = parameters_of(config)
         self.generator = generator_from_params(params, model_dir)
@@ -97,9 +99,6 @@ class Engine:
                     loop.call_soon_threadsafe(out.put_nowait, ("tokens", list(event.chunk.ids), event.finished))
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
-        from trtbuild.runtime import SamplingParams
-        from trtbuild.serve.textgen import GenRequest
-
         ids = [int(t) for t in request.get("token_ids") or []]
         stop = request.get("stop_conditions") or {}
         sampling = request.get("sampling_options") or {}
@@ -151,7 +150,6 @@ async def serve(args: argparse.Namespace) -> None:
     if template is None and not getattr(engine.generator.tokenizer, "chat_template", None):
         # The project's OpenAI front renders such a tokenizer's chats with its documented fallback; Dynamo's
         # frontend refuses a model without a template, so it gets the same one (a file under --state-dir).
-        from trtbuild.core.data.chat import FALLBACK_CHAT_TEMPLATE
 
         template = Path(args.state_dir) / FALLBACK_TEMPLATE_FILE
         template.write_text(FALLBACK_CHAT_TEMPLATE)
