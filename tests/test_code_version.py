@@ -43,7 +43,8 @@ def _edit(root: Path, module_path: str) -> None:
 EDITS = [
     ("trtbuild/draft/modelopt_compat.py", {"draft"}),  # shapes the exported draft
     ("trtbuild/runtime/target.py", {"quantize", "draft"}),  # checks the FP8 export; measures tau
-    ("trtbuild/core/shell.py", {"draft", "engine", "deploy"}),  # writes every launch script (draft: its sbatch)
+    # writes every launch script (quantize: its calibration ranks' sbatch; draft: its training's)
+    ("trtbuild/core/shell.py", {"quantize", "draft", "engine", "deploy"}),
     ("trtbuild/deploy/local_model.py", {"deploy"}),  # copied into the local repository as model.py
     ("trtbuild/serve/front.py", set()),  # serving, not building: no artifact depends on it
     ("trtbuild/serve/openai_api/app.py", set()),
@@ -84,7 +85,7 @@ def test_plan_keys_follow_the_code(tmp_path):
     assert keys() == first
     _edit(root, "trtbuild/core/shell.py")
     after = keys()
-    assert [s for s in STAGES if after[s] != first[s]] == ["draft", "engine", "deploy"]  # the draft's sbatch
+    assert [s for s in STAGES if after[s] != first[s]] == ["quantize", "draft", "engine", "deploy"]  # the sbatch scripts
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
