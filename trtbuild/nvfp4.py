@@ -99,16 +99,21 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, amax: torch.Tensor | None = None, block_size: int = BLOCK_SIZE,
-             weight_scale: torch.Tensor | None = None) -> NVFP4Weight:
+             weight_scale: torch.Tensor | None = None, scale_2: torch.Tensor | None = None) -> NVFP4Weight:
     """NVFP4-quantize `x` along its last dim. amax: the calibrated (per-tensor) amax; None takes
-    the tensor's own, as `NVFP4QTensor.quantize` without weights_scaling_factor_2 does."""
+    the tensor's own, as `NVFP4QTensor.quantize` without weights_scaling_factor_2 does. scale_2:
+    the global scale itself instead (an exported weight_scale_2 / input_scale)."""
     shape, dtype = tuple(x.shape), x.dtype
     x = _pad(x, block_size)
-    amax = x.abs().amax() if amax is None else amax
-    if not bool(torch.isfinite(amax).all()) or not bool((amax > 0).all()):
-        # ModelOpt 0.47 divides 0 by 0 here and writes NaN scales (code 7, i.e. 6 * NaN)
-        raise ValueError(f"NVFP4 needs a finite, positive amax; got {amax.tolist()}")
-    scale_2 = global_scale(amax)
+    if scale_2 is None:
+        amax = x.abs().amax() if amax is None else amax
+        if not bool(torch.isfinite(amax).all()) or not bool((amax > 0).all()):
+            # ModelOpt 0.47 divides 0 by 0 here and writes NaN scales (code 7, i.e. 6 * NaN)
+            raise ValueError(f"NVFP4 needs a finite, positive amax; got {amax.tolist()}")
+        scale_2 = global_scale(amax)
+    elif not bool(torch.isfinite(scale_2).all()) or not bool((scale_2 > 0).all()):
+        raise ValueError(f"NVFP4 needs a finite, positive global scale; got {scale_2.tolist()}")
+    scale_2 = scale_2.float()
     if weight_scale is None:
         weight_scale = block_scales(x, scale_2, block_size)
     blocks = x.reshape(*x.shape[:-1], -1, block_size)
