@@ -160,3 +160,27 @@ def test_fake_quant_model_is_the_dequantized_export(run: tuple[Path, dict[str, A
     assert torch.equal(nvfp4.dequantize(q), ref)
     err = (ref - snap[name].weight).abs().max() / snap[name].weight.abs().max()
     assert 0 < err < 0.2  # half an e2m1 step (1/6 of a block amax) times e4m3 rounding (1 + 1/16) at most
+
+
+def test_runtime_linear_on_the_export(run: tuple[Path, dict[str, Any], dict[str, Any]]) -> None:
+    """The runtime's exact NVFP4 linear built from the exported tensors computes ModelOpt's
+    fake-quant linear (input QDQ with the calibrated input amax, the export's weight) up to the
+    float32 roundings of ModelOpt's QDQ, and gives the same bits for one row as within a batch."""
+    from safetensors.torch import load_file
+
+    from trtbuild.runtime.nvfp4 import ExactNvfp4Linear
+
+    out, _, snap = run
+    tensors = load_file(str(out / "model.safetensors"))
+    for name in ("model.layers.0.self_attn.k_proj", "model.layers.1.mlp.down_proj"):
+        linear = ExactNvfp4Linear.from_export(tensors, name)
+        members = [m for m in modelopt_nvfp4._group(name) if m in snap]
+        input_amax = torch.stack([snap[m].input_amax.reshape(()) for m in members]).max()
+        x = torch.randn(5, linear.k, generator=torch.Generator().manual_seed(0)) * float(input_amax) / 3
+        w = NVFP4QTensor(tuple(snap[name].weight.shape), torch.float32, tensors[f"{name}.weight"]).dequantize(
+            dtype=torch.float32, scale=tensors[f"{name}.weight_scale"],
+            double_scale=tensors[f"{name}.weight_scale_2"], block_sizes={-1: 16}).double()
+        x_fake = nvfp4.fake_quantize(x, input_amax).double()
+        got = linear(x)
+        assert ((got - x_fake @ w.t()).abs() <= 2.0 ** -21 * (x_fake.abs() @ w.abs().t())).all()
+        assert torch.equal(linear(x[3:4]), got[3:4])
