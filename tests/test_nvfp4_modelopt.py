@@ -184,3 +184,21 @@ def test_runtime_linear_on_the_export(run: tuple[Path, dict[str, Any], dict[str,
         got = linear(x)
         assert ((got - x_fake @ w.t()).abs() <= 2.0 ** -21 * (x_fake.abs() @ w.abs().t())).all()
         assert torch.equal(linear(x[3:4]), got[3:4])
+
+
+def test_restore_dtype_keeps_the_global_scales_float32(tmp_path: Path) -> None:
+    """A bf16 checkpoint is calibrated in float32 on CPU and its export cast back
+    (export_dtype.restore_dtype): NVFP4's weight_scale_2 stays float32, as TensorRT-LLM reads it."""
+    from safetensors.torch import load_file, save_file
+
+    from trtbuild.export_dtype import restore_dtype
+
+    tensors = {"a.weight": torch.zeros(4, 4, dtype=torch.uint8), "a.weight_scale": torch.ones(4, 1).to(torch.float8_e4m3fn),
+               "a.weight_scale_2": torch.tensor(0.5), "a.input_scale": torch.tensor(0.25),
+               "norm.weight": torch.ones(4)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    assert restore_dtype(tmp_path, torch.bfloat16) == 1
+    back = load_file(str(tmp_path / "model.safetensors"))
+    assert back["norm.weight"].dtype == torch.bfloat16
+    assert back["a.weight_scale_2"].dtype == back["a.input_scale"].dtype == torch.float32
