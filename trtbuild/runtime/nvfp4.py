@@ -5,14 +5,16 @@ NVFP4 activations by NVFP4 weights: both are e2m1 values A (twice the value is a
 [-12, 12]) times an e4m3 block scale S (times 2^9 an integer below 2^18) times a float32 global
 scale g, in blocks of 16 along the input dim. So
 
-    y[r, n] = g_x * g_w / 2^20 * sum_b Sx[r, b] Sw[n, b] * sum_{k in b} Ax[r, k] Aw[n, k]
+    y[r, n] = g_x * g_w / 2^20 * sum_k X[r, k] W[n, k],   X = Ax * Sx, W = Aw * Sw (integers)
 
-with every factor of the sum an integer: the inner block sum is at most 16 * 144 = 2304 in size
-(exact in float32 whatever order a kernel adds in), and the outer sum is done in int64 (each
-term below 2^47.6, exact for K < 2^19). The result is the exact dot product of the two NVFP4
+with |X|, |W| <= 12 * 229 376 < 2^21.4, so each product is below 2^42.8 and any sum of up to
+2^10 of them below 2^53: a float64 GEMM over a 1024-wide slice of K is exact whatever order or
+blocking the BLAS uses (every partial sum is an integer float64 holds). The slices' sums are
+added in int64 (exact for K < 2^19). The result is the exact dot product of the two NVFP4
 tensors, rounded once to float64 and scaled by one float64 product of the global scales; no
 step depends on how many rows are in the batch, so a 1-token decode and a 17-token verification
-produce the same bits and greedy speculative decoding equals plain greedy decoding.
+produce the same bits and greedy speculative decoding equals plain greedy decoding. The weight is
+kept as its float64 integers (8 bytes a weight: this is the exact reference path, not a fast one).
 
 Activations are quantized per row, as ModelOpt's NVFP4 input quantizer does (trtbuild.nvfp4:
 dynamic e4m3 block scales, the static global scale `input_scale = input_amax / (6 * 448)` from
@@ -29,25 +31,25 @@ from trtbuild import nvfp4
 
 SCALE_UNIT = 2.0 ** 9  # e4m3 value * 2^9 is an integer (the smallest subnormal is 2^-9)
 VALUE_UNIT = 2.0  # e2m1 value * 2 is an integer
-MAX_K = 2 ** 19  # the int64 sum of K / 16 block terms, each below 2^47.6, stays below 2^63
-CHUNK = 1 << 22  # elements of one [blocks, rows, outputs] int64 partial product
+MAX_K = 2 ** 19  # the int64 sum of K / 1024 slice sums, each below 2^52.8, stays below 2^63
+SLICE = 1024  # 1024 products below 2^42.8 each: every partial sum of a slice is below 2^53
 
-# code -> 2 * e2m1 value, as an exact small integer (float32 for the block GEMM)
+# code -> 2 * e2m1 value, an exact small integer
 _TWICE_VALUES = (nvfp4.E2M1_VALUES * VALUE_UNIT).to(torch.float32)
 
 
-def _integers(q: nvfp4.NVFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A [..., B, 16] float32 integers in [-12, 12], S [..., B] int64 integers < 2^18)."""
+def _folded(q: nvfp4.NVFP4Weight) -> torch.Tensor:
+    """[..., K] float64: 2 * e2m1 value * e4m3 scale * 2^9 of every element, an integer < 2^21.4."""
     codes = nvfp4.unpack(q.packed)
-    a = _TWICE_VALUES[codes.long()]
-    s = (q.weight_scale.to(torch.float64) * SCALE_UNIT).to(torch.int64)
-    return a.reshape(*a.shape[:-1], -1, nvfp4.BLOCK_SIZE), s
+    a = _TWICE_VALUES[codes.long()].to(torch.float64)
+    s = q.weight_scale.to(torch.float64) * SCALE_UNIT
+    return (a.reshape(*a.shape[:-1], -1, nvfp4.BLOCK_SIZE) * s.unsqueeze(-1)).reshape(a.shape)
 
 
 class ExactNvfp4Linear:
     """y = NVFP4(x; input_scale) . W^T exactly, W given as its export (packed, scales)."""
 
-    __slots__ = ("n", "k", "a_w", "s_w", "weight_scale_2", "input_scale", "bias", "out_scale")
+    __slots__ = ("n", "k", "w_int", "weight_scale_2", "input_scale", "bias", "out_scale")
 
     def __init__(self, packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
                  input_scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -62,9 +64,7 @@ class ExactNvfp4Linear:
         self.weight_scale_2 = weight_scale_2.reshape(()).to(torch.float32)
         self.input_scale = input_scale.reshape(()).to(torch.float32)
         q = nvfp4.NVFP4Weight(packed, weight_scale, self.weight_scale_2, (self.n, self.k), torch.float32)
-        a_w, self.s_w = _integers(q)
-        self.a_w = a_w.permute(1, 2, 0).contiguous()  # [B, 16, N] for the block GEMM
-        self.s_w = self.s_w.t().contiguous()  # [B, N]
+        self.w_int = _folded(q).t().contiguous()  # [K, N] float64 integers
         self.bias = None if bias is None else bias.to(torch.float64)
         self.out_scale = (self.input_scale.double() * self.weight_scale_2.double()
                           / (SCALE_UNIT * SCALE_UNIT * VALUE_UNIT * VALUE_UNIT))
@@ -80,17 +80,10 @@ class ExactNvfp4Linear:
 
     def exact_sums(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [rows, N]: the dot products in units of out_scale."""
-        a_x, s_x = _integers(self.quantize_input(x))  # [R, B, 16], [R, B]
-        rows, blocks = s_x.shape
-        a_x = a_x.transpose(0, 1).contiguous()  # [B, R, 16]
-        s_x = s_x.t().contiguous()  # [B, R]
-        out = torch.empty(rows, self.n, dtype=torch.int64)
-        step = max(1, CHUNK // max(1, blocks * rows))
-        for start in range(0, self.n, step):
-            end = min(self.n, start + step)
-            inner = torch.bmm(a_x, self.a_w[:, :, start:end]).to(torch.int64)  # [B, R, n]: |.| <= 2304
-            scales = s_x.unsqueeze(2) * self.s_w[:, start:end].unsqueeze(1)  # [B, R, n] < 2^36
-            out[:, start:end] = (inner * scales).sum(0)
+        x_int = _folded(self.quantize_input(x))  # [R, K] float64 integers
+        out = torch.zeros(x_int.shape[0], self.n, dtype=torch.int64)
+        for start in range(0, self.k, SLICE):
+            out += (x_int[:, start:start + SLICE] @ self.w_int[start:start + SLICE]).to(torch.int64)
         return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,6 +95,4 @@ class ExactNvfp4Linear:
 
     def dequantized_weight(self) -> torch.Tensor:
         """W as float64, exactly (A * S * g has at most 2 + 4 + 24 significant bits)."""
-        a = self.a_w.permute(2, 0, 1).to(torch.float64)  # [N, B, 16]
-        s = self.s_w.t().to(torch.float64).unsqueeze(-1)
-        return (a * s).reshape(self.n, self.k) * (self.weight_scale_2.double() / (SCALE_UNIT * VALUE_UNIT))
+        return self.w_int.t() * (self.weight_scale_2.double() / (SCALE_UNIT * VALUE_UNIT))
