@@ -23,6 +23,15 @@ e2m1 rounding is written as the threshold comparisons of ModelOpt's Triton kerne
 ModelOpt's *fake* quantization (`tensor_quant._dynamic_block_quantize_impl`, used by every
 NVFP4 TensorQuantizer in `mtq.NVFP4_DEFAULT_CFG`) asserts `amax.is_cuda`; `cpu_fake_quant()`
 substitutes `fake_quantize` (dequantize(quantize(x))) for that one function on CPU tensors.
+
+What of ModelOpt runs on CPU (checked here): `NVFP4QTensor.quantize`, `.dequantize` (not with
+`fast=True`, a Triton kernel), `get_weights_scaling_factor(_2)`, `get_activation_scaling_factor` and
+the HF export; not: a TensorQuantizer's forward with NVFP4 attributes (the assert above). On a GPU,
+ModelOpt's fake quantization runs the Triton kernel `fp4_fake_quant_block`
+(modelopt/torch/kernels/quantization/gemm/fp4_kernel_hopper.py), which differs from NVFP4QTensor
+at the edges (read, not run): no lower clamp of block scales at 2^-9, and a block whose
+dequantization scale is below 1e-5 gets scale 1.0 (its values round to 0). This module follows
+NVFP4QTensor, the arithmetic of the export.
 """
 
 from __future__ import annotations
