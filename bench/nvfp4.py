@@ -4,9 +4,9 @@
                           [--eval-samples N] [--json]
 
 MODEL_DIR is a Hugging Face model directory or a model-stage artifact with `hf/` inside (default:
-build/tiny-cpu/model). FP8 runs the quantize stage's own code (trtbuild.quantization.run_quantize);
-NVFP4 runs ModelOpt's flow with mtq.NVFP4_DEFAULT_CFG on CPU (trtbuild.modelopt_nvfp4, its block
-fake quantization substituted by trtbuild.nvfp4), then its export and the bit-for-bit export check.
+build/tiny-cpu/model). FP8 runs the quantize stage's own code (trtbuild.quantize.quantization.run_quantize);
+NVFP4 runs ModelOpt's flow with mtq.NVFP4_DEFAULT_CFG on CPU (trtbuild.quantize.modelopt_nvfp4, its block
+fake quantization substituted by trtbuild.quantize.nvfp4), then its export and the bit-for-bit export check.
 Both use the same calibration and evaluation windows of the same config.
 """
 
@@ -18,9 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trtbuild.modelopt_nvfp4 import quantize_nvfp4
-from trtbuild.progress import Progress
-from trtbuild.quantization import QuantizeConfig, run_quantize
+from trtbuild.core.progress import Progress
+from trtbuild.quantize.config import QuantizeConfig
+from trtbuild.quantize.modelopt_nvfp4 import quantize_nvfp4
+from trtbuild.quantize.quantization import run_quantize
 
 
 def main() -> int:
@@ -63,7 +64,7 @@ def main() -> int:
     if abs(fp8["perplexity_base"] - nv["perplexity_base"]) > 1e-9 * fp8["perplexity_base"]:
         print(f"warning: the two runs' base perplexities differ ({fp8['perplexity_base']} vs {nv['perplexity_base']})")
     print(f"NVFP4 export check: {nv['nvfp4_linears_checked']} linears' packed values, weight_scale, "
-          f"weight_scale_2 and input_scale equal trtbuild.nvfp4 of the calibrated weights bit for bit; "
+          f"weight_scale_2 and input_scale equal trtbuild.quantize.nvfp4 of the calibrated weights bit for bit; "
           f"kept: {', '.join(nv['excluded_modules']) or 'none'}")
     return 0
 

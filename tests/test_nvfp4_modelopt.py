@@ -1,4 +1,4 @@
-"""ModelOpt's NVFP4 flow on CPU (trtbuild.modelopt_nvfp4): mtq.quantize with NVFP4_DEFAULT_CFG and
+"""ModelOpt's NVFP4 flow on CPU (trtbuild.quantize.modelopt_nvfp4): mtq.quantize with NVFP4_DEFAULT_CFG and
 ModelOpt's HF export on the tiny Llama, the export's files, and its packed values and scales
 against ModelOpt's own NVFP4QTensor for the calibrated weights and amax."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from trtbuild import modelopt_nvfp4, nvfp4
-from trtbuild.errors import BuildError
-from trtbuild.quantization import QuantizeConfig
+from trtbuild.core.errors import BuildError
+from trtbuild.quantize import modelopt_nvfp4, nvfp4
+from trtbuild.quantize.config import QuantizeConfig
 
 NVFP4QTensor = pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_tensor").NVFP4QTensor
 
@@ -49,7 +49,7 @@ def run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
 
 
 def test_modelopt_needs_cuda_without_the_patch(model_dir: Path) -> None:
-    """The reason for trtbuild.nvfp4: ModelOpt 0.47's NVFP4 fake quantization stops on CPU."""
+    """The reason for trtbuild.quantize.nvfp4: ModelOpt 0.47's NVFP4 fake quantization stops on CPU."""
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
 
@@ -191,7 +191,7 @@ def test_restore_dtype_keeps_the_global_scales_float32(tmp_path: Path) -> None:
     (export_dtype.restore_dtype): NVFP4's weight_scale_2 stays float32, as TensorRT-LLM reads it."""
     from safetensors.torch import load_file, save_file
 
-    from trtbuild.export_dtype import restore_dtype
+    from trtbuild.quantize.export_dtype import restore_dtype
 
     tensors = {"a.weight": torch.zeros(4, 4, dtype=torch.uint8), "a.weight_scale": torch.ones(4, 1).to(torch.float8_e4m3fn),
                "a.weight_scale_2": torch.tensor(0.5), "a.input_scale": torch.tensor(0.25),

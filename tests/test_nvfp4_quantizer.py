@@ -1,4 +1,4 @@
-"""trtbuild.nvfp4 against ModelOpt 0.47's own NVFP4QTensor (which runs on CPU): packed values,
+"""trtbuild.quantize.nvfp4 against ModelOpt 0.47's own NVFP4QTensor (which runs on CPU): packed values,
 block scales and global scale bit for bit, dequantized values bit for bit, on random and
 adversarial tensors; and the CPU fake quantization inside ModelOpt's TensorQuantizer."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtbuild import nvfp4
+from trtbuild.quantize import nvfp4
 
 NVFP4QTensor = pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_tensor").NVFP4QTensor
 

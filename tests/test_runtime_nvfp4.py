@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtbuild import nvfp4
+from trtbuild.quantize import nvfp4
 from trtbuild.runtime.nvfp4 import ExactNvfp4Linear
 
 

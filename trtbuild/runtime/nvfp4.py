@@ -16,7 +16,7 @@ step depends on how many rows are in the batch, so a 1-token decode and a 17-tok
 produce the same bits and greedy speculative decoding equals plain greedy decoding. The weight is
 kept as its float64 integers (8 bytes a weight: this is the exact reference path, not a fast one).
 
-Activations are quantized per row, as ModelOpt's NVFP4 input quantizer does (trtbuild.nvfp4:
+Activations are quantized per row, as ModelOpt's NVFP4 input quantizer does (trtbuild.quantize.nvfp4:
 dynamic e4m3 block scales, the static global scale `input_scale = input_amax / (6 * 448)` from
 calibration, the row cast to float32 first). TensorRT-LLM's `fp4_quantize` kernel computes the
 same quantities in its own reciprocal form on the GPU; whether its ties fall the same way was not
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from trtbuild import nvfp4
+from trtbuild.quantize import nvfp4
 
 SCALE_UNIT = 2.0 ** 9  # e4m3 value * 2^9 is an integer (the smallest subnormal is 2^-9)
 VALUE_UNIT = 2.0  # e2m1 value * 2 is an integer

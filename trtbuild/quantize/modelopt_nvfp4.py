@@ -2,8 +2,8 @@
 
 The flow is ModelOpt's own (`mtq.quantize` with `mtq.NVFP4_DEFAULT_CFG`, then
 `export_hf_checkpoint`); on CPU the one CUDA-only function, the dynamic block fake quantization,
-runs trtbuild.nvfp4's equal CPU implementation (`nvfp4.cpu_fake_quant`). `check_export` reads the
-export back and compares every quantized linear with trtbuild.nvfp4.quantize of the weight the
+runs trtbuild.quantize.nvfp4's equal CPU implementation (`nvfp4.cpu_fake_quant`). `check_export` reads the
+export back and compares every quantized linear with trtbuild.quantize.nvfp4.quantize of the weight the
 model held and its calibrated amax, bit for bit.
 
 Export facts, read in nvidia-modelopt 0.47.0 (.venv): modelopt/torch/export/quant_utils.py
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.errors import BuildError
-from trtbuild.progress import Progress
+from trtbuild.core.errors import BuildError
+from trtbuild.core.progress import Progress
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +40,7 @@ def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
     linears left unquantized (the preset's lm_head entry dropped, as modelopt_fp8 does)."""
     import modelopt.torch.quantization as mtq
 
-    from trtbuild.modelopt_fp8 import _PRESET_LM_HEAD, _quant_config_dict
+    from trtbuild.quantize.modelopt_fp8 import _PRESET_LM_HEAD, _quant_config_dict
 
     cfg = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG)
     if isinstance(cfg["quant_cfg"], dict):
@@ -57,7 +57,7 @@ def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
 def calibrate(model: Any, cfg: dict[str, Any], batches: torch.Tensor, *, batch_size: int,
               progress: Progress) -> str:
     """modelopt_fp8.calibrate (mtq.quantize over the windows) with the CPU block fake quantizer."""
-    from trtbuild import modelopt_fp8, nvfp4
+    from trtbuild.quantize import modelopt_fp8, nvfp4
 
     with nvfp4.cpu_fake_quant():
         return modelopt_fp8.calibrate(model, cfg, batches, batch_size=batch_size, progress=progress)
@@ -102,7 +102,7 @@ def check_export(export_dir: Path, calibrated: dict[str, Calibrated], excluded: 
     import torch
     from safetensors.torch import load_file
 
-    from trtbuild import nvfp4
+    from trtbuild.quantize import nvfp4
 
     def fail(what: str) -> BuildError:
         return BuildError(f"NVFP4 export check: {what} ({export_dir})")
@@ -153,9 +153,9 @@ def quantize_nvfp4(config: Any, model_dir: Path, out_dir: Path, *, progress: Pro
     import torch
     from transformers import AutoTokenizer
 
-    from trtbuild import evaluation, modelopt_fp8
-    from trtbuild.export_dtype import checkpoint_dtype, restore_dtype
-    from trtbuild.quantization import load_for_calibration, token_data
+    from trtbuild.quantize import evaluation, modelopt_fp8
+    from trtbuild.quantize.export_dtype import checkpoint_dtype, restore_dtype
+    from trtbuild.quantize.quantization import load_for_calibration, token_data
 
     progress = progress or Progress()
     model_dir = model_dir.resolve()
@@ -176,7 +176,7 @@ def quantize_nvfp4(config: Any, model_dir: Path, out_dir: Path, *, progress: Pro
     calibrate(model, quant_config(kv_cache=config.kv_cache == "fp8", excluded=excluded), cal_windows,
               batch_size=cal.batch_size, progress=progress)
     calibration_seconds = time.perf_counter() - started
-    from trtbuild import nvfp4
+    from trtbuild.quantize import nvfp4
 
     with nvfp4.cpu_fake_quant():
         quantized = ppl("perplexity (nvfp4)")
