@@ -1,4 +1,4 @@
-"""The quantize section (`quantize:`): FP8 format, calibration data, the accuracy gate and the export.
+"""The quantize section (`quantize:`): FP8 or NVFP4 format, calibration data, the accuracy gate and the export.
 Pydantic only: no torch, no ModelOpt (trtbuild/quantize/quantization.py does the work).
 """
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtbuild.core.data.sources import TextSource
 from trtbuild.core.stage_api import StageConfig
@@ -38,10 +38,19 @@ class GateConfig(StageConfig):
     batch_size: int = Field(default=8, gt=0, le=1 << 16, description="Windows per forward pass during evaluation.")
 
 
+# quantize.gate.max_perplexity_ratio when the format is nvfp4 and the recipe sets none. Measured
+# (bench/RESULTS.md, "NVFP4 beside FP8"): ModelOpt's NVFP4_DEFAULT_CFG costs the tiny target
+# 1.0028 and SmolLM2-135M-Instruct NVFP4_SMOLLM2_RATIO on pydoc (FP8: 1.0009 and 1.035-1.043).
+NVFP4_MAX_PERPLEXITY_RATIO = 1.10  # PROVISIONAL
+
+
 class QuantizeConfig(StageConfig):
-    format: Literal["fp8"] = Field(default="fp8",
-                                   description="fp8: per-tensor FP8 E4M3 weights and activations "
-                                   "(ModelOpt's FP8_DEFAULT_CFG, max calibration).")
+    format: Literal["fp8", "nvfp4"] = Field(
+        default="fp8",
+        description="fp8: per-tensor FP8 E4M3 weights and activations (ModelOpt's FP8_DEFAULT_CFG, max "
+        "calibration). nvfp4: E2M1 weights and activations in blocks of 16 with E4M3 block scales and a "
+        "float32 global scale (ModelOpt's NVFP4_DEFAULT_CFG); TensorRT-LLM runs it on Blackwell "
+        f"(sm_100a / sm_120a) only; its gate's default max_perplexity_ratio is {NVFP4_MAX_PERPLEXITY_RATIO}.")
     kv_cache: Literal["fp8", "none"] = Field(default="fp8",
                                              description="Quantize the KV cache to FP8 (k/v scales "
                                              "calibrated and exported) or leave it in model precision.")
@@ -57,6 +66,12 @@ class QuantizeConfig(StageConfig):
     check_export: bool = Field(default=True,
                                description="Load the export with trtbuild.runtime and compare it with "
                                "ModelOpt's fake-quantized model, layer by layer.")
+
+    @model_validator(mode="after")
+    def _format_gate_default(self) -> QuantizeConfig:
+        if self.format == "nvfp4" and "max_perplexity_ratio" not in self.gate.model_fields_set:
+            self.gate.max_perplexity_ratio = NVFP4_MAX_PERPLEXITY_RATIO
+        return self
 
     @field_validator("export", mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtbuild.core.errors import BuildError
 from trtbuild.core.progress import Progress
+from trtbuild.core.stage_api import StageResult
 
 if TYPE_CHECKING:
     import torch
@@ -61,6 +62,28 @@ def calibrate(model: Any, cfg: dict[str, Any], batches: torch.Tensor, *, batch_s
 
     with nvfp4.cpu_fake_quant():
         return modelopt_fp8.calibrate(model, cfg, batches, batch_size=batch_size, progress=progress)
+
+
+def unify_fused_groups(model: Any) -> int:
+    """ModelOpt's own `preprocess_linear_fusion` (modelopt/torch/export/quant_utils.py, 0.47.0) on each
+    FUSED_GROUPS group of quantized linears: one input amax and one weight amax (the max) per group.
+    The export does this in place before packing; done right after calibration, the fake-quant model
+    the gate scores and the export check traces is the model the export holds. Returns the groups."""
+    import torch
+    from modelopt.torch.export.quant_utils import preprocess_linear_fusion
+
+    modules = dict(model.named_modules())
+    groups = 0
+    for name, module in modules.items():
+        if not isinstance(module, torch.nn.Linear) or name.rpartition(".")[2] not in {g[0] for g in FUSED_GROUPS}:
+            continue
+        members = [modules.get(m) for m in _group(name)]
+        quantized = [m for m in members if m is not None and getattr(getattr(m, "weight_quantizer", None),
+                                                                        "is_enabled", False)]
+        if len(quantized) > 1:
+            preprocess_linear_fusion(quantized)
+            groups += 1
+    return groups
 
 
 @dataclass(frozen=True)
@@ -147,21 +170,26 @@ def check_export(export_dir: Path, calibrated: dict[str, Calibrated], excluded: 
 
 def quantize_nvfp4(config: Any, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
                    base_dir: Path | None = None) -> dict[str, Any]:
-    """The quantize stage's steps for NVFP4 on CPU: perplexity of the base and the NVFP4
-    fake-quant model on the gate's windows, the export to `out_dir` and its check. `config` is a
-    QuantizeConfig (its format field is not read: this path is NVFP4). Returns the metrics."""
+    """The quantize stage's steps for NVFP4: perplexity of the base and the NVFP4 fake-quant model
+    on the gate's windows, the gate (before anything is written), the export to `out_dir` and its
+    check (bit for bit against NVFP4 of the calibrated weights; then, unless quantize.check_export is
+    false, trtbuild's runtime on the export against the fake-quant model layer by layer). `config` is
+    a QuantizeConfig (its format field is not read: this path is NVFP4). On CPU ModelOpt's CUDA-only
+    block fake quantization runs trtbuild.quantize.nvfp4's (`cpu_fake_quant`); CUDA tensors still go
+    to ModelOpt's kernel. Returns the metrics."""
     import torch
     from transformers import AutoTokenizer
 
-    from trtbuild.quantize import evaluation, modelopt_fp8
+    from trtbuild.quantize import evaluation, export_check, modelopt_fp8, nvfp4
     from trtbuild.quantize.export_dtype import checkpoint_dtype, restore_dtype
-    from trtbuild.quantize.quantization import load_for_calibration, token_data
+    from trtbuild.quantize.quantization import CHECK_WINDOWS, accepting_limit, load_for_calibration, token_data
 
     progress = progress or Progress()
     model_dir = model_dir.resolve()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    saved_dtype = checkpoint_dtype(model_dir)
-    model = load_for_calibration(model_dir, torch.float32, "cpu")
+    saved_dtype = checkpoint_dtype(model_dir) if device == "cpu" else None
+    model = load_for_calibration(model_dir, torch.float32 if device == "cpu" else "auto", device)
     excluded = modelopt_fp8.resolve_excludes(model, config.exclude)
     cal_windows, eval_windows = token_data(config, tokenizer, base_dir)
     cal, gate = config.calibration, config.gate
@@ -172,28 +200,64 @@ def quantize_nvfp4(config: Any, model_dir: Path, out_dir: Path, *, progress: Pro
                                          progress=progress, description=description)
 
     base = ppl("perplexity (base)")
+    check_ids = eval_windows[:CHECK_WINDOWS]
+    with torch.no_grad():
+        base_logits = evaluation.hf_logits(model)(check_ids).float().cpu()
     started = time.perf_counter()
     calibrate(model, quant_config(kv_cache=config.kv_cache == "fp8", excluded=excluded), cal_windows,
               batch_size=cal.batch_size, progress=progress)
     calibration_seconds = time.perf_counter() - started
-    from trtbuild.quantize import nvfp4
-
+    unify_fused_groups(model)  # what the export does: the gate and the export check score the exported model
     with nvfp4.cpu_fake_quant():
         quantized = ppl("perplexity (nvfp4)")
-    calibrated = snapshot(model)
+    ratio = quantized.value / base.value
+    metrics: dict[str, Any] = {
+        "format": "nvfp4",
+        "perplexity_base": base.value, "perplexity_quantized": quantized.value,
+        "perplexity_ratio": ratio, "max_perplexity_ratio": gate.max_perplexity_ratio,
+        "eval_samples": int(eval_windows.shape[0]), "eval_tokens": base.tokens,
+        "calibration_samples": int(cal_windows.shape[0]), "calibration_tokens": int(cal_windows.numel()),
+        "calibration_seconds": calibration_seconds, "device": device,
+    }
+    if ratio > gate.max_perplexity_ratio:
+        error = BuildError(
+            f"NVFP4 accuracy gate failed: perplexity {quantized.value:.4f} quantized vs {base.value:.4f} base "
+            f"on {gate.eval_dataset.describe()} (ratio {ratio:.6f} > max_perplexity_ratio "
+            f"{gate.max_perplexity_ratio})", field="quantize.gate.max_perplexity_ratio",
+            fix=f"to accept this loss set quantize.gate.max_perplexity_ratio: {accepting_limit(ratio)}; or use "
+            "quantize.format: fp8, or keep sensitive layers unquantized (quantize.exclude)")
+        error.metrics = metrics  # type: ignore[attr-defined]  # reported by `build --json`
+        raise error
+    with torch.no_grad(), nvfp4.cpu_fake_quant():
+        reference = export_check.hf_trace(model, check_ids)  # the fake-quant model the runtime must reproduce
+    calibrated = {name: Calibrated(c.weight.cpu(), c.weight_amax.cpu(),
+                                   None if c.input_amax is None else c.input_amax.cpu())
+                  for name, c in snapshot(model).items()}
+    dtype = model.dtype
     out_dir.mkdir(parents=True, exist_ok=True)
     modelopt_fp8.export_hf(model, out_dir)
-    modelopt_fp8.copy_tokenizer(model_dir, out_dir)
+    tokenizer_files = modelopt_fp8.copy_tokenizer(model_dir, out_dir)
     if saved_dtype is not None:
         restore_dtype(out_dir, saved_dtype)
-    metrics = {
-        "perplexity_base": base.value, "perplexity_quantized": quantized.value,
-        "perplexity_ratio": quantized.value / base.value, "eval_tokens": base.tokens,
-        "calibration_samples": int(cal_windows.shape[0]), "calibration_seconds": calibration_seconds,
+    metrics.update({
         "weight_bytes_base": modelopt_fp8.weight_bytes(model_dir),
         "weight_bytes_quantized": modelopt_fp8.weight_bytes(out_dir),
-        "excluded_modules": excluded,
-    }
+        "excluded_modules": excluded, "tokenizer_files": tokenizer_files,
+    })
     metrics["weight_bytes_ratio"] = metrics["weight_bytes_quantized"] / metrics["weight_bytes_base"]
     metrics.update(check_export(out_dir, calibrated, excluded))
+    if config.check_export:  # trtbuild's runtime on the export vs the fake-quant model, layer by layer
+        metrics.update(export_check.check_export(out_dir, reference, base_logits, device=device, dtype=dtype))
     return metrics
+
+
+def run_nvfp4(config: Any, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
+              base_dir: Path | None = None) -> StageResult:
+    """The quantize stage for `quantize.format: nvfp4`: quantize_nvfp4 into `out_dir/hf`."""
+    from trtbuild.core.layout import QUANTIZED_HF
+
+    metrics = quantize_nvfp4(config, model_dir, out_dir / QUANTIZED_HF, progress=progress, base_dir=base_dir)
+    info = {key: metrics.pop(key) for key in ("excluded_modules", "tokenizer_files")}
+    info.update({"calibration_dataset": config.calibration.dataset.describe(),
+                 "eval_dataset": config.gate.eval_dataset.describe(), "export_dir": QUANTIZED_HF})
+    return StageResult(metrics=metrics, info=info)

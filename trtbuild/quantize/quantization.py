@@ -49,6 +49,10 @@ def calibration_gpus(model: Any) -> int:
 def run_quantize(config: QuantizeConfig, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
                  base_dir: Path | None = None) -> StageResult:
     """The whole stage on an HF model dir; writes `out_dir/hf`. Raises on the gate."""
+    if config.format == "nvfp4":
+        from trtbuild.quantize.modelopt_nvfp4 import run_nvfp4
+
+        return run_nvfp4(config, model_dir, out_dir, progress=progress, base_dir=base_dir)
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
