@@ -25,6 +25,9 @@ checked here (no GPU).
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import torch
 
 from trtbuild.quantize import nvfp4
@@ -92,6 +95,14 @@ class ExactNvfp4Linear:
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.n)
+
+    def with_rows(self, reorder: Callable[[torch.Tensor], torch.Tensor]) -> ExactNvfp4Linear:
+        """The same linear with its output rows permuted by `reorder` (applied to [N, ...] tensors),
+        e.g. q/k rows in the runtime's RoPE order; the rows' integers move as they are."""
+        out = copy.copy(self)
+        out.w_int = reorder(self.w_int.t()).t().contiguous()
+        out.bias = None if self.bias is None else reorder(self.bias)
+        return out
 
     def dequantized_weight(self) -> torch.Tensor:
         """W as float64, exactly (A * S * g has at most 2 + 4 + 24 significant bits)."""
