@@ -35,17 +35,25 @@ def run(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     config = QuantizeConfig.model_validate({"calibration": {"num_samples": 8, "seq_len": 64},
                                             "gate": {"seq_len": 64, "eval_samples": 4}})
     kept: dict[str, dict[str, modelopt_nvfp4.Calibrated]] = {}
-    original = modelopt_nvfp4.snapshot
+    original, unify = modelopt_nvfp4.snapshot, modelopt_nvfp4.unify_fused_groups
 
     def keep(model: Any) -> dict[str, modelopt_nvfp4.Calibrated]:
         kept["snapshot"] = original(model)
         return kept["snapshot"]
 
+    def keep_before_unifying(model: Any) -> int:
+        CALIBRATED.update(original(model))  # each linear's own amax, before its fused group's max
+        return unify(model)
+
     out = tmp_path_factory.mktemp("export") / "hf"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(modelopt_nvfp4, "snapshot", keep)
+        mp.setattr(modelopt_nvfp4, "unify_fused_groups", keep_before_unifying)
         metrics = modelopt_nvfp4.quantize_nvfp4(config, model_dir, out)
     return out, metrics, kept["snapshot"]
+
+
+CALIBRATED: dict[str, modelopt_nvfp4.Calibrated] = {}
 
 
 def test_modelopt_needs_cuda_without_the_patch(model_dir: Path) -> None:
@@ -123,7 +131,9 @@ def test_export_equals_modelopt_nvfp4qtensor(run: tuple[Path, dict[str, Any], di
         assert torch.equal(tensors[f"{name}.weight_scale_2"], scale_2)
         input_amax = torch.stack([snap[m].input_amax.reshape(()) for m in members]).max()
         assert torch.equal(tensors[f"{name}.input_scale"], (input_amax / (6.0 * 448.0)).float())
-        shared += len(members) > 1 and bool((snap[name].weight_amax < amax).item())
+        own = CALIBRATED[name].weight_amax
+        shared += len(members) > 1 and bool((own < amax).item())
+        assert bool((own <= amax).item()) and torch.equal(CALIBRATED[name].weight, cal.weight)
     assert shared > 0  # the fusion rule was exercised: some member's own amax was below its group's
 
 
