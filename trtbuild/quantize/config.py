@@ -39,9 +39,12 @@ class GateConfig(StageConfig):
 
 
 # quantize.gate.max_perplexity_ratio when the format is nvfp4 and the recipe sets none. Measured
-# (bench/RESULTS.md, "NVFP4 beside FP8"): ModelOpt's NVFP4_DEFAULT_CFG costs the tiny target
-# 1.0028 and SmolLM2-135M-Instruct NVFP4_SMOLLM2_RATIO on pydoc (FP8: 1.0009 and 1.035-1.043).
-NVFP4_MAX_PERPLEXITY_RATIO = 1.10  # PROVISIONAL
+# (bench/RESULTS.md, "NVFP4 beside FP8"): in one bench/nvfp4.py run on the tiny target NVFP4 costs
+# 1.00275 where FP8 costs 1.00092, 3.0x FP8's loss. FP8's default (1.06) passes SmolLM2-135M's
+# measured 3.5-4.5 % FP8 loss; 3.0x that is 10.5-13.5 %, so NVFP4's default is 1.15. An estimate from
+# the tiny target's ratio, not a measurement of NVFP4 on SmolLM2 (not run: CPU time); GPU recipes
+# for larger models set their own.
+NVFP4_MAX_PERPLEXITY_RATIO = 1.15
 
 
 class QuantizeConfig(StageConfig):
