@@ -136,9 +136,9 @@ def test_bad_directories_are_user_errors(random_target, tmp_path):
     with pytest.raises(UserError, match="model.layers.1.mlp.up_proj.weight"):
         load_target(broken)
     cfg = json.loads((broken / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_algo": "NVFP4"}
+    cfg["quantization_config"] = {"quant_algo": "W4A16_AWQ"}  # FP8 and NVFP4 are the ones it reads
     (broken / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UserError, match="NVFP4"):
+    with pytest.raises(UserError, match="W4A16_AWQ"):
         load_target(broken)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from trtbuild.app.recipe import Recipe
 from trtbuild.core.contract import load_contract
 from trtbuild.draft.config import DraftConfig, DraftTraining
-from trtbuild.engine.checkpoint_quant import quant_of_dir
+from trtbuild.engine.checkpoint_quant import checkpoint_quant, quant_of_dir
 from trtbuild.model.source import hf_cache_dir, target_hf_config, text_config, uses_standin
 from trtbuild.quantize.distributed import rank_memory
 
@@ -110,14 +110,17 @@ def _quantize_step(recipe: Recipe, params: int, layout: tuple[int, list[int]]) -
     world = cal.world_size()
     where = ("in one process on cuda:0" if gpus == 1 else
              f"in one process, the model spread over {gpus} GPUs (device_map=\"auto\", as ModelOpt's hf_ptq.py)")
+    # NVFP4: half a byte a weight plus one e4m3 scale per 16 (0.5625 byte); FP8: one byte.
+    fmt, cfg, quantized = (("NVFP4", "NVFP4_DEFAULT_CFG", 0.5625 * params) if quantize.format == "nvfp4"
+                           else ("FP8", "FP8_DEFAULT_CFG", float(params)))
     if world > 1:
         where = (f"calibrated in {cal.nodes} node(s) x {cal.processes} processes (torchrun"
                  + (", srun under Slurm" if cal.nodes > 1 else "") + ", FSDP2-sharded decoder layers, ModelOpt "
                  f"all-reduces the amaxes), gate and export {where}")
-    lines = [f"     quantize: ModelOpt FP8 PTQ (FP8_DEFAULT_CFG{kv}) {where}: "
+    lines = [f"     quantize: ModelOpt {fmt} PTQ ({cfg}{kv}) {where}: "
              f"{cal.num_samples} windows x {cal.seq_len} tokens of {cal.dataset.describe()}; "
              f"gate: perplexity ratio <= {gate.max_perplexity_ratio} on {gate.eval_dataset.describe()}; "
-             f"export: {quantize.export} ({_gb(bf16)} BF16 -> ~{_gb(params)} FP8)",
+             f"export: {quantize.export} ({_gb(bf16)} BF16 -> ~{_gb(quantized)} {fmt})",
              f"     quantize memory{' (gate and export)' if world > 1 else ''}: {_gb(bf16)} of BF16 weights -> "
              f"{gpus} x {ONE_GPU_GB:.0f} GB GPU(s) at "
              f"{CALIBRATION_GPU_SHARE:.0%} of each for weights (the rest: calibration activations)"]
@@ -177,7 +180,10 @@ def _checkpoint_quant(recipe: Recipe) -> str | None:
         if said:
             return algo
     quant = found[0].get("quantization_config") if found else None
-    return quant.get("quant_algo") if isinstance(quant, dict) else None
+    if isinstance(quant, dict):
+        return quant.get("quant_algo")
+
+    return checkpoint_quant(recipe)[0]  # e.g. a stand-in directory's hf_quant_config.json
 
 
 def _target_fit(draft: DraftConfig, settings: DraftTraining, world: int, target_bytes: float) -> list[str]:
@@ -239,12 +245,15 @@ def _engine_step(recipe: Recipe, params: int) -> list[str]:
         kind = load_contract(engine.trtllm_version).eagle3_decoding_type
         spec = (f", speculative_config {kind} max_draft_len {engine.draft_len or draft.max_draft_len} "
                 f"(one model: {engine.eagle3_one_model})")
-    per_gpu = params / world  # FP8: one byte per parameter
+
+    # FP8: one byte per parameter; NVFP4: 0.5625 (half a byte + an e4m3 scale per 16)
+    fmt = "NVFP4" if checkpoint_quant(recipe)[0] == "NVFP4" else "FP8"
+    per_gpu = params * (0.5625 if fmt == "NVFP4" else 1.0) / world
     module = ", trtllm_module/ (the GEMM plugins, on the server's PYTHONPATH)" if engine.gemm_plugin else ""
     return [f"     engine: TensorRT-LLM {engine.trtllm_version} {engine.backend} bundle: llm_api_options.yaml "
             f"(tp {engine.tensor_parallel}, pp {engine.pipeline_parallel}, ep {engine.expert_parallel}, "
             f"max_batch_size {engine.max_batch_size}{spec}), launch/serve.sh, mpirun.sh, slurm.sbatch{module}; "
-            f"~{_gb(per_gpu)} of FP8 weights per GPU; with tensorrt_llm importable and a GPU visible, "
+            f"~{_gb(per_gpu)} of {fmt} weights per GPU; with tensorrt_llm importable and a GPU visible, "
             "a load check through LLM()"]
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtbuild.core.errors import BuildError, UserError
 from trtbuild.draft import distributed as dist_train
+from trtbuild.draft import rendezvous
 from trtbuild.draft.compat import check_compatible
 from trtbuild.draft.distributed import resolve_autocast, resolve_backend, resolve_device
 from trtbuild.draft.draft_data import ensure_data, load_pool
@@ -228,8 +229,6 @@ def train_distributed(config: DraftConfig, ctx: StageContext, model: Any, plan: 
     if settings.nodes == 1:
         argv = dist_train.torchrun_argv(job_file, settings.processes)
     elif dist_train.in_slurm_allocation(settings.nodes):
-        from trtbuild.draft import rendezvous
-
         head = dist_train.slurm_head_node()
         problem = rendezvous.port_problem(head, settings.slurm.rdzv_port)
         if problem is not None:

@@ -17,10 +17,9 @@ from trtbuild.core.llm_args import parse_options
 from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.draft.config import DraftConfig
 from trtbuild.engine import plugin_module
-from trtbuild.engine.checkpoint_quant import quant_of_dir
+from trtbuild.engine.checkpoint_quant import checkpoint_quant
 from trtbuild.engine.config import draft_len, has_draft
 from trtbuild.engine.facts import ModelFacts, target_facts
-from trtbuild.model.config import ModelConfig
 from trtbuild.quantize.config import QuantizeConfig
 
 if TYPE_CHECKING:
@@ -29,6 +28,9 @@ if TYPE_CHECKING:
 # Archs with FP8 tensor cores (Ada and newer) / with programmatic dependent launch (Hopper and newer).
 FP8_ARCHS = ("sm_89", "sm_90a", "sm_100a", "sm_120a")
 PDL_ARCHS = ("sm_90a", "sm_100a", "sm_120a")
+# Archs TensorRT-LLM runs NVFP4 on (Blackwell; every contract's `nvfp4.archs`, read from
+# docs/source/features/quantization.md@09d4c79ba941a5c2c62c878c3572c0dcc8b85efa): not Hopper, Ada, Ampere.
+NVFP4_ARCHS = ("sm_100a", "sm_120a")
 # LLM() arguments the engine section sets itself; llm_api_options must not set them a second time.
 OWNED_OPTIONS = {
     "tensor_parallel_size": "engine.tensor_parallel", "pipeline_parallel_size": "engine.pipeline_parallel",
@@ -48,18 +50,6 @@ def _line(field: str, message: str, fix: str) -> str:
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def checkpoint_quant(recipe: RecipeInfo) -> tuple[str | None, str | None]:
-    """(quant_algo, kv_cache_quant_algo) of the checkpoint the engine will read."""
-    quantize = recipe.section(QuantizeConfig)
-    if quantize is not None:
-        return "FP8", ("FP8" if quantize.kv_cache == "fp8" else None)
-    model = recipe.section(ModelConfig)
-    if model is not None and model.source == "path" and model.path:
-        algo, kv_algo, _ = quant_of_dir(recipe.resolve_path(model.path))
-        return algo, kv_algo
-    return None, None
 
 
 def engine_problems(config: EngineConfig, recipe: RecipeInfo) -> list[str]:
@@ -190,7 +180,8 @@ def _plugins(config: EngineConfig, recipe: RecipeInfo) -> list[str]:
     # A Hub target whose weights are not here yet: its quantization is checked at build time.
     quantize = recipe.section(QuantizeConfig)
     unknown = quant_algo is None and quantize is None and recipe.uses_standin()
-    if quant_algo != "FP8" and not unknown:
+    # NVFP4: accepted, though the plugins take none of its GEMMs (`trtbuild plan` says which stay TensorRT-LLM's).
+    if quant_algo not in ("FP8", "NVFP4") and not unknown:
         have = "no quantize section" if quantize is None else f"quant_algo {quant_algo}"
         out.append(_line("engine.gemm_plugin", f"the plugins run FP8 per-tensor linears but the engine reads "
                          f"a checkpoint with {have}", "add a quantize: section (FP8), or remove gemm_plugin"))
@@ -247,6 +238,12 @@ def _archs(config: EngineConfig, recipe: RecipeInfo) -> list[str]:
         out.append(_line("gpu_archs", f"{', '.join(no_fp8)} has no FP8 tensor cores but the engine reads an "
                          "FP8 checkpoint (quantize section)",
                          "target sm_89 or newer, or drop the quantize section"))
+    no_nvfp4 = [a for a in archs if a not in NVFP4_ARCHS]
+    if quant_algo == "NVFP4" and no_nvfp4:
+        out.append(_line("gpu_archs", f"{', '.join(no_nvfp4)} cannot run the NVFP4 checkpoint the engine reads "
+                         "(TensorRT-LLM runs NVFP4 GEMMs on Blackwell only: sm_100a, sm_120a)",
+                         f"set gpu_archs to [{', '.join(a for a in archs if a in NVFP4_ARCHS) or 'sm_100a'}], "
+                         "or quantize.format: fp8 for Hopper"))
     no_pdl = [a for a in archs if a not in PDL_ARCHS]
     if config.env.get("TRTLLM_ENABLE_PDL") == "1" and no_pdl:
         out.append(_line("engine.env.TRTLLM_ENABLE_PDL", f"1 but gpu_archs {', '.join(no_pdl)} lacks "

@@ -74,6 +74,7 @@ def bundle_violations(bundle: Path, options: LlmApiOptions, spec: launchers.Serv
         served_config = json.loads(cfg_file.read_text())
         out += cv.check_hf_config(served_config, contract, f"{served}/config.json")
         out += cv.check_llama4_target(served_config, contract, f"{served}/config.json")
+    out += cv.check_nvfp4_checkpoint(bundle / served, contract, served)
     if spec.python_path:
         out += module_violations(bundle, spec.python_path, contract)
     return out

@@ -28,6 +28,7 @@ from typing import Any
 from trtbuild.core.contract import Contract, load_contract, module_conventions
 from trtbuild.core.errors import UserError
 from trtbuild.core.recipe_info import RecipeInfo
+from trtbuild.engine.checkpoint_quant import checkpoint_quant
 from trtbuild.engine.config import EngineConfig
 
 MODULE_DIR = "trtllm_module"
@@ -227,11 +228,23 @@ def describe(settings: Any, archs: list[str], contract: Contract, hf_config: dic
     return lines
 
 
+def nvfp4_notes(archs: list[str]) -> list[str]:
+    """What the FP8 GEMM plugins take when the checkpoint is NVFP4: nothing. Every quantized linear is
+    NVFP4 (TensorRT-LLM's NVFP4LinearMethod: fp4_quantize of the activations, then nvfp4_gemm; contract
+    `nvfp4`), which the module, patching FP8QDQLinearMethod only, never sees."""
+    return [f"{arch}: NVFP4 checkpoint: the FP8 plugins take no GEMM; every quantized linear (fused qkv, o_proj, "
+            "fused gate_up, down_proj, MoE experts) stays TensorRT-LLM's NVFP4 GEMM (NVFP4LinearMethod: "
+            "fp4_quantize + nvfp4_gemm) and excluded linears (exclude_modules, lm_head) its unquantized GEMM "
+            "at every token count; the module loads but patches FP8QDQLinearMethod only" for arch in archs]
+
+
 def plan_notes(recipe: RecipeInfo, hf_config: dict[str, Any] | None = None) -> list[str]:
     """`trtbuild plan` lines: the GEMM plugin per arch, or nothing when the recipe has none."""
     engine = recipe.section(EngineConfig)
     if engine is None or engine.gemm_plugin is None:
         return []
+    if checkpoint_quant(recipe)[0] == "NVFP4":
+        return ["gemm plugin (engine.gemm_plugin):", *(f"  {line}" for line in nvfp4_notes(list(recipe.gpu_archs)))]
     return ["gemm plugin (engine.gemm_plugin):",
             *(f"  {line}" for line in describe(engine.gemm_plugin, list(recipe.gpu_archs),
                                                 load_contract(engine.trtllm_version), hf_config,

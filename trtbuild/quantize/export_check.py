@@ -147,6 +147,6 @@ def check_export(export_dir: Path, reference: Trace, base_logits: torch.Tensor, 
                         f"cosine min {agreement.min_cosine:.5f} (need >= {min_cosine:.5f}), argmax agreement "
                         f"{agreement.argmax_agreement:.3f} (need >= {min_argmax:.3f})")
     if problems:
-        raise BuildError("the exported FP8 checkpoint does not reproduce ModelOpt's quantized model: "
+        raise BuildError("the exported checkpoint does not reproduce ModelOpt's quantized model: "
                          + "; ".join(problems))
     return {"export_check": "passed", **metrics}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-SCALE_SUFFIXES = ("_scale", ".k_scale", ".v_scale")
+SCALE_SUFFIXES = ("_scale", "_scale_2", ".k_scale", ".v_scale")  # _scale_2: NVFP4's per-tensor scale
 
 
 def checkpoint_dtype(model_dir: Path) -> torch.dtype | None:

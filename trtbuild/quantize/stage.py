@@ -14,6 +14,7 @@ from trtbuild.core.recipe_info import RecipeInfo
 from trtbuild.core.stage import Stage, StageConfig, StageContext, StageResult
 from trtbuild.quantize.config import CalibrationConfig, GateConfig, QuantizeConfig
 from trtbuild.quantize.export_check import check_export
+from trtbuild.quantize.modelopt_nvfp4 import run_nvfp4
 from trtbuild.quantize.quantization import run_quantize
 
 __all__ = ["CalibrationConfig", "GateConfig", "QuantizeConfig", "QuantizeStage", "check_export", "run_quantize"]
@@ -40,6 +41,9 @@ class QuantizeStage(Stage):
     def run(self, config: StageConfig, ctx: StageContext) -> StageResult:
         assert isinstance(config, QuantizeConfig)
         model = ctx.input("model")
+        if config.format == "nvfp4":  # one process (QuantizeConfig refuses ranks for it)
+            return run_nvfp4(config, model.path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
+                             base_dir=_base_dir(ctx.recipe))
         if config.calibration.world_size() == 1:
             return run_quantize(config, model.path / MODEL_HF, ctx.out_dir, progress=ctx.progress,
                                 base_dir=_base_dir(ctx.recipe))

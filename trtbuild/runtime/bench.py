@@ -178,6 +178,7 @@ def run_bench(target_dir: Path, draft_dir: Path | None, prompts: list[list[int]]
         "target": str(target_dir),
         "draft": str(draft_dir) if draft_dir is not None else None,
         "target_fp8": target.is_fp8,
+        "target_quant_algo": target.quant.quant_algo,
         "target_dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "prompts": len(prompts),

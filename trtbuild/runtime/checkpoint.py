@@ -9,6 +9,7 @@ import torch
 
 from trtbuild.core.errors import UserError
 from trtbuild.runtime.layers import LinearParts
+from trtbuild.runtime.nvfp4 import ExactNvfp4Linear
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -72,6 +73,8 @@ class Weights:
         FP8 weights are dequantized with their `weight_scale` (per tensor or per output row),
         which is returned too: on CPU the runtime recovers the FP8 grid from the two.
         """
+        if self.is_nvfp4(prefix):
+            return self.nvfp4_linear(prefix, out_features, in_features)
         weight = self.get(f"{prefix}.weight", (out_features, in_features))
         input_scale = scale = None
         if weight.dtype == torch.float8_e4m3fn:
@@ -91,6 +94,29 @@ class Weights:
                             "float8_e4m3fn weights", file=str(self.source))
         bias = self.optional(f"{prefix}.bias")
         return LinearParts(weight.to(self.device, self.dtype), bias, input_scale, scale)
+
+    def is_nvfp4(self, prefix: str) -> bool:
+        """ModelOpt's NVFP4 export of a linear: packed uint8 weight with a weight_scale_2."""
+        weight = self.state.get(f"{prefix}.weight")
+        return weight is not None and weight.dtype == torch.uint8 and f"{prefix}.weight_scale_2" in self.state
+
+    def nvfp4_linear(self, prefix: str, out_features: int, in_features: int) -> LinearParts:
+        """An NVFP4 linear (packed [out, in/2] uint8, e4m3 weight_scale [out, in/16], float32
+        weight_scale_2 and input_scale) as the exact W4A4 linear of trtbuild.runtime.nvfp4."""
+        packed = self.get(f"{prefix}.weight", (out_features, in_features // 2))
+        scale = self.get(f"{prefix}.weight_scale")
+        if scale.dtype != torch.float8_e4m3fn or f"{prefix}.input_scale" not in self.state:
+            raise UserError(f"{prefix}: NVFP4 weight with a {scale.dtype} weight_scale and "
+                            f"{'an' if f'{prefix}.input_scale' in self.state else 'no'} input_scale; the runtime "
+                            "reads ModelOpt's NVFP4 export (float8_e4m3fn block scales, a static input_scale)",
+                            file=str(self.source))
+        try:
+            exact = ExactNvfp4Linear(packed.cpu(), scale.cpu(), self.get(f"{prefix}.weight_scale_2"),
+                                     self.get(f"{prefix}.input_scale"))
+        except ValueError as err:
+            raise UserError(f"{prefix}: {err}", file=str(self.source)) from None
+        weight = exact.dequantized_weight().to(self.device, self.dtype)
+        return LinearParts(weight, self.optional(f"{prefix}.bias"), None, None, exact)
 
     def fp8(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(float8 weight, per-tensor weight_scale) of an FP8 linear, else None."""

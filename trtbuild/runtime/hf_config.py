@@ -27,7 +27,7 @@ EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 class QuantInfo:
     """What ModelOpt's unified export says about the checkpoint's quantization."""
 
-    quant_algo: str | None = None  # "FP8" or None
+    quant_algo: str | None = None  # "FP8", "NVFP4" or None
     kv_cache_quant_algo: str | None = None  # "FP8" or None
     exclude_modules: tuple[str, ...] = ()
 
@@ -230,9 +230,10 @@ def read_quant_info(model_dir: Path, cfg: dict[str, Any]) -> QuantInfo:
     kv_algo = quant.get("kv_cache_quant_algo")
     if kv_algo is None and isinstance(quant.get("kv_cache_scheme"), dict):
         kv_algo = "FP8"  # compressed-tensors style mirror written into config.json by ModelOpt
-    for name, value in (("quant_algo", algo), ("kv_cache_quant_algo", kv_algo)):
-        if value not in (None, "FP8"):
-            raise UserError(f"{name} {value!r} is not supported by the trtbuild runtime (FP8 only)",
+    for name, value, known in (("quant_algo", algo, (None, "FP8", "NVFP4")), ("kv_cache_quant_algo", kv_algo, (None, "FP8"))):
+        if value not in known:
+            raise UserError(f"{name} {value!r} is not supported by the trtbuild runtime "
+                            f"({' or '.join(k for k in known if k)} only)",
                             file=str(path if path.is_file() else model_dir / "config.json"), field=name)
     exclude = quant.get("exclude_modules") or quant.get("ignore") or []
     return QuantInfo(algo, kv_algo, tuple(str(x) for x in exclude))

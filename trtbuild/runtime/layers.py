@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from trtbuild.runtime import fp8_exact
 from trtbuild.runtime.gemm_plugin import Fp8Gemm
+from trtbuild.runtime.nvfp4 import ExactNvfp4Linear
 
 FP8_MAX = fp8_exact.FP8_MAX  # largest finite float8_e4m3fn
 HALF_DTYPES = (torch.bfloat16, torch.float16)  # computed through float32 where an op needs it
@@ -76,6 +77,7 @@ class LinearParts(NamedTuple):
     bias: torch.Tensor | None
     input_scale: torch.Tensor | None  # FP8: the calibrated per-tensor input scale
     weight_scale: torch.Tensor | None = None  # FP8: float32, per tensor (one element) or per row [out]
+    nvfp4: ExactNvfp4Linear | None = None  # NVFP4: the exact W4A4 linear (weight above: dequantized)
 
 
 class Linear:
@@ -89,23 +91,32 @@ class Linear:
     small enough to run on a CPU at all).
     """
 
-    __slots__ = ("weight_t", "weight_rows", "bias", "inv_scale", "plugin", "exact")
+    __slots__ = ("weight_t", "weight_rows", "bias", "inv_scale", "plugin", "exact", "nvfp4", "nvfp4_dtype")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  input_scale: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
+                 nvfp4: ExactNvfp4Linear | None = None, *,
                  fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """fp8: the checkpoint's (float8 weight, per-tensor weight_scale); with an input scale, decode-sized
-        calls go to the GEMM plugins' op (trtbuild/runtime/gemm_plugin.py) when one is active."""
+        calls go to the GEMM plugins' op (trtbuild/runtime/gemm_plugin.py) when one is active.
+        nvfp4: an NVFP4 linear, computed exactly (trtbuild.runtime.nvfp4; no GEMM plugin takes it)."""
         self.exact: fp8_exact.ExactFp8Gemm | None = None
         self.weight_t: torch.Tensor | None = None
         self.weight_rows: torch.Tensor | None = None
+        self.nvfp4 = nvfp4
+        self.nvfp4_dtype = weight.dtype
+        if nvfp4 is not None:
+            self.inv_scale: torch.Tensor | None = None
+            self.bias = bias
+            self.plugin = None
+            return
         if input_scale is not None:
             # ModelOpt rounds x * (448 / amax) with amax = input_scale * 448; computing that factor
             # the same way keeps the FP8 rounding decisions identical to its fake quantization.
             inv = 448.0 / (input_scale.to(torch.float32) * 448.0)
             self.exact = _exact_gemm(weight, weight_scale, inv)
         if self.exact is not None:
-            self.inv_scale: torch.Tensor | None = self.exact.inv
+            self.inv_scale = self.exact.inv
         elif input_scale is not None:
             # fp8(x * inv) / inv @ W^T == fp8(x * inv) @ (W / inv)^T: fold the dequant into W once.
             weight = weight * (1.0 / inv).to(weight.dtype)
@@ -128,6 +139,8 @@ class Linear:
     @property
     def weight(self) -> torch.Tensor:
         """[out, in] view (the checkpoint's layout, input scale folded in)."""
+        if self.nvfp4 is not None:
+            return self.nvfp4.dequantized_weight().to(self.nvfp4_dtype)
         if self.exact is not None:
             return self.exact.dequantized()
         assert self.weight_t is not None
@@ -135,13 +148,17 @@ class Linear:
 
     @property
     def out_features(self) -> int:
+        if self.nvfp4 is not None:
+            return self.nvfp4.n
         if self.exact is not None:
             return self.exact.n
         assert self.weight_t is not None
         return self.weight_t.shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.plugin is not None and x.numel() <= 16 * x.shape[-1]:  # decode-sized: the plugin op
+        if self.nvfp4 is not None:
+            out = self.nvfp4(x).to(x.dtype)  # exact sums: the same bits at every row count
+        elif self.plugin is not None and x.numel() <= 16 * x.shape[-1]:  # decode-sized: the plugin op
             out = self.plugin(x, self.inv_scale)
         elif self.exact is not None:
             out = self.exact(x)
@@ -188,6 +205,8 @@ def fuse_linears(parts: list[LinearParts]) -> list[Linear]:
     single GEMM is exact. If the scales differ the parts stay separate.
     """
     parts = [LinearParts(*part) for part in parts]
+    if any(part.nvfp4 is not None for part in parts):
+        return [Linear(*part) for part in parts]  # each exact on its own (no fused NVFP4 GEMM here)
     scales = [part.input_scale for part in parts]
     same = all(s is None for s in scales) or (
         all(s is not None for s in scales) and all(torch.equal(scales[0], s) for s in scales))

@@ -92,8 +92,9 @@ def _rope_interleaved(parts: LinearParts, heads: int, head_dim: int) -> LinearPa
     def rows(t: torch.Tensor | None) -> torch.Tensor | None:
         return t if t is None or t.numel() == 1 else interleave_rope_rows(t, heads, head_dim)
 
+    nvfp4 = parts.nvfp4.with_rows(lambda t: interleave_rope_rows(t, heads, head_dim)) if parts.nvfp4 else None
     return parts._replace(weight=interleave_rope_rows(parts.weight, heads, head_dim), bias=rows(parts.bias),
-                          weight_scale=rows(parts.weight_scale))
+                          weight_scale=rows(parts.weight_scale), nvfp4=nvfp4)
 
 
 def _llama4_layer(w: Weights, prefix: str, spec: LlamaSpec, index: int,
@@ -342,7 +343,9 @@ def unwrapped_state(state: dict[str, torch.Tensor], path: Path) -> dict[str, tor
 
 def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = None,
                 max_positions: int | None = None) -> TargetModel:
-    """Loads an HF Llama or Llama 4 text directory (unquantized, or ModelOpt's unified FP8 export).
+    """Loads an HF Llama or Llama 4 text directory (unquantized, or ModelOpt's unified FP8 or NVFP4
+    export; NVFP4 linears run trtbuild.runtime.nvfp4's exact W4A4 linear and compute in float64 on
+    CPU for the same reason as FP8).
 
     dtype: the compute dtype. By default float32, except an FP8 checkpoint on CPU computes in
     float64: FP8 rounds every linear's input, so float32 noise that depends on how many rows a
@@ -357,7 +360,8 @@ def load_target(path: Path, device: str = "cpu", dtype: torch.dtype | None = Non
     path = Path(path)
     spec, quant = read_target_config(path)
     if dtype is None:
-        dtype = torch.float64 if quant.quant_algo == "FP8" and torch.device(device).type == "cpu" else torch.float32
+        quantized = quant.quant_algo in ("FP8", "NVFP4")  # both round every linear's input
+        dtype = torch.float64 if quantized and torch.device(device).type == "cpu" else torch.float32
     weights = Weights(unwrapped_state(load_state_dict(path), path), path, dtype, device)
     with torch.inference_mode():
         model = TargetModel(spec, quant, weights, path, device, max_positions)

@@ -8,6 +8,7 @@ checkpoints are read from their safetensors headers.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -389,4 +390,72 @@ def check_llama4_target(config: Mapping[str, Any], contract: Contract,
     if section.get("needs_text_config") and not isinstance(text, Mapping):
         out.append(Violation(f"{where}:text_config", "is missing; TensorRT-LLM "
                              f"{contract.version}'s Llama 4 model builds from config.text_config", fact))
+    return out
+
+
+def _scalars(file: Path, header: Mapping[str, Any], names: Iterable[str]) -> dict[str, bytes]:
+    """The raw bytes of small tensors (the F32 scalars an NVFP4 linear carries), read by offset."""
+    out: dict[str, bytes] = {}
+    with file.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        for name in names:
+            start, end = header[name]["data_offsets"]
+            f.seek(8 + length + start)
+            out[name] = f.read(end - start)
+    return out
+
+
+def check_nvfp4_checkpoint(directory: Path, contract: Contract, where: str = "target") -> list[Violation]:
+    """An NVFP4 checkpoint (hf_quant_config.json quant_algo NVFP4) against the release's NVFP4 loader:
+    the config fields it reads, the group size, every NVFP4 linear's tensors (dtype, shape), the
+    static input_scale where the release requires one, and equal input_scale / weight_scale_2 within
+    each group of linears it fuses into one GEMM. Other checkpoints: nothing to check here."""
+    spec = contract.section("nvfp4")
+    quant_file = Path(directory) / "hf_quant_config.json"
+    try:
+        quant = json.loads(quant_file.read_text()).get("quantization") or {}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return []
+    if not spec or quant.get("quant_algo") != spec["quant_algo"]:
+        return []
+    fact = contract.fact(spec.get("source"))
+    config_fact = contract.fact(spec.get("config_source"))
+    qwhere = f"{where}/hf_quant_config.json:quantization"
+    out: list[Violation] = []
+    if quant.get("group_size") != spec["group_size"]:
+        out.append(Violation(f"{qwhere}.group_size", f"is {quant.get('group_size')!r}; TensorRT-LLM "
+                             f"{contract.version}'s NVFP4 linear uses blocks of {spec['group_size']}", fact))
+    if not isinstance(quant.get("exclude_modules", []), list):
+        out.append(Violation(f"{qwhere}.exclude_modules", "is not a list of module names", config_fact))
+    headers = {file: read_header(file) for file in sorted(Path(directory).glob("*.safetensors"))}
+    where_of = {name: file for file, header in headers.items() for name in header}
+    info = {name: headers[file][name] for name, file in where_of.items()}
+    linears = sorted(name[:-len(".weight_scale_2")] for name in info if name.endswith(".weight_scale_2"))
+    group = int(spec["group_size"])
+    for prefix in linears:
+        weight, scale = info.get(f"{prefix}.weight"), info.get(f"{prefix}.weight_scale")
+        if weight is None or scale is None or weight["dtype"] != "U8" or scale["dtype"] != "F8_E4M3":
+            out.append(Violation(f"{where}:{prefix}", "an NVFP4 linear needs a U8 weight (packed e2m1 pairs) and an "
+                                 f"F8_E4M3 weight_scale; found {weight and weight['dtype']} / {scale and scale['dtype']}",
+                                 fact))
+            continue
+        rows, half = weight["shape"]
+        if (half * 2) % group or scale["shape"] != [rows, half * 2 // group]:
+            out.append(Violation(f"{where}:{prefix}.weight_scale", f"has shape {scale['shape']} for a weight of "
+                                 f"{rows} x {half * 2} (in_features must be a multiple of {group}: one scale per "
+                                 f"{group})", fact))
+        if spec.get("input_scale_required") and f"{prefix}.input_scale" not in info:
+            out.append(Violation(f"{where}:{prefix}.input_scale", f"is missing; TensorRT-LLM {contract.version}'s "
+                                 "NVFP4 linear takes a static (calibrated) input scale only", fact))
+    for members in spec.get("fused_groups", []):
+        parents = {p.rpartition(".")[0] for p in linears if p.rpartition(".")[2] in members}
+        for parent in sorted(parents):
+            names = [f"{parent}.{m}" for m in members if f"{parent}.{m}" in linears]
+            for suffix in ("input_scale", "weight_scale_2"):
+                keys = [f"{n}.{suffix}" for n in names if f"{n}.{suffix}" in info]
+                values = {k: _scalars(where_of[k], headers[where_of[k]], [k])[k] for k in keys}
+                if len(set(values.values())) > 1:
+                    out.append(Violation(f"{where}:{parent}.{{{','.join(members)}}}.{suffix}", "differ; TensorRT-LLM "
+                                         f"{contract.version} loads {', '.join(members)} into one GEMM and asserts "
+                                         "they are equal", fact))
     return out
