@@ -37,7 +37,8 @@ def _trtbuild(*args: str, out: Path, env: dict[str, str]) -> subprocess.Complete
 def built(tmp_path_factory) -> tuple[dict, dict[str, str], Path]:
     out = tmp_path_factory.mktemp("llama4-out")
     env = {**os.environ}
-    env.setdefault("TRTBUILD_CACHE", str(Path.home() / ".cache" / "trtbuild"))
+    # CI names a cache kept across runs (TRTBUILD_CACHE); without one, a temporary one: never the user's
+    env.setdefault("TRTBUILD_CACHE", str(tmp_path_factory.mktemp("cache")))
     proc = _trtbuild("build", out=out, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout), env, out

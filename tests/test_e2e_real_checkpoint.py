@@ -32,7 +32,8 @@ def _trtbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
 def built(smollm2, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("smollm2-out")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.setdefault("TRTBUILD_CACHE", str(Path.home() / ".cache" / "trtbuild"))
+    # CI names a cache kept across runs (TRTBUILD_CACHE); without one, a temporary one: never the user's
+    env.setdefault("TRTBUILD_CACHE", str(tmp_path_factory.mktemp("cache")))
     sets = ["--set", f"output_dir={out}", "--set", f"model.path={smollm2}"]
     started = time.perf_counter()
     proc = _trtbuild("build", str(RECIPE), *sets, "--json", env=env)

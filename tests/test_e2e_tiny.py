@@ -30,7 +30,8 @@ def _trtbuild(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
 def built(tmp_path_factory) -> tuple[dict, dict[str, str], Path]:
     out = tmp_path_factory.mktemp("tiny-out")
     env = {**os.environ}
-    env.setdefault("TRTBUILD_CACHE", str(Path.home() / ".cache" / "trtbuild"))
+    # CI names a cache kept across runs (TRTBUILD_CACHE); without one, a temporary one: never the user's
+    env.setdefault("TRTBUILD_CACHE", str(tmp_path_factory.mktemp("cache")))
     proc = _trtbuild("build", str(RECIPE), "--set", f"output_dir={out}", "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout), env, out
