@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from trtbuild.core.errors import BuildError
-from trtbuild.quantize import modelopt_nvfp4, nvfp4
+from trtbuild.quantize import modelopt_nvfp4
 from trtbuild.quantize.config import QuantizeConfig
+from trtbuild.runtime import nvfp4_blocks as nvfp4
 
 NVFP4QTensor = pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_tensor").NVFP4QTensor
 
