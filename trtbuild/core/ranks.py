@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -203,3 +204,20 @@ def read_verified(tensor_file: Path, meta_file: Path) -> tuple[dict[str, Any], d
         return meta, load_file(str(tensor_file))
     except (OSError, ValueError):
         return None
+
+
+def rank_main(run_rank: Callable[[Path], None]) -> None:
+    """A rank's entry point (`python -m <module> JOB_FILE` under torchrun): run it; on any failure write
+    one line `error-rank<N>.txt` beside the job file for the stage (`launch` reports it) and exit 1, the
+    code torchrun expects."""
+    job_file = Path(sys.argv[1])
+    rank = os.environ.get("RANK", "0")
+    try:
+        run_rank(job_file)
+    except BaseException as exc:
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        line = f"rank {rank}: {type(exc).__name__}: {said}"
+        with contextlib.suppress(OSError):
+            (job_file.parent / f"error-rank{rank}.txt").write_text(line + "\n")
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(1)

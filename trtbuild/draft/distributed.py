@@ -15,7 +15,6 @@ such line. Rank 0 reports progress to the stage as `TRTBUILD_PROGRESS {json}` li
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -215,16 +214,7 @@ def _peak_rss_all_ranks(device: str) -> int:
 
 
 def main() -> None:
-    job_file = Path(sys.argv[1])
-    rank = os.environ.get("RANK", "0")
-    try:
-        run_rank(job_file)
-    except BaseException as exc:  # one line for the stage, then the usual exit code for torchrun
-        line = f"rank {rank}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        with contextlib.suppress(OSError):
-            (job_file.parent / f"error-rank{rank}.txt").write_text(line + "\n")
-        print(line, file=sys.stderr, flush=True)
-        sys.exit(1)
+    ranks.rank_main(run_rank)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,8 @@ succeeds: a build killed after it does not calibrate again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -273,17 +271,7 @@ def _checkpoint_torch_dtype(model_dir: Path) -> Any:
 
 
 def main() -> None:
-    job_file = Path(sys.argv[1])
-    rank = os.environ.get("RANK", "0")
-    try:
-        run_rank(job_file)
-    except BaseException as exc:  # one line for the stage, then the usual exit code for torchrun
-        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        line = f"rank {rank}: {type(exc).__name__}: {said}"
-        with contextlib.suppress(OSError):
-            (job_file.parent / f"error-rank{rank}.txt").write_text(line + "\n")
-        print(line, file=sys.stderr, flush=True)
-        sys.exit(1)
+    launcher.rank_main(run_rank)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,15 @@ def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
     FP8 KV-cache preset when asked, with exactly `excluded` linear modules left unquantized."""
     import modelopt.torch.quantization as mtq
 
-    cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
+    return preset_config(mtq.FP8_DEFAULT_CFG, kv_cache=kv_cache, excluded=excluded)
+
+
+def preset_config(preset: dict[str, Any], *, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
+    """A copy of one of ModelOpt's presets (FP8_DEFAULT_CFG, NVFP4_DEFAULT_CFG) with the FP8 KV-cache preset
+    when asked and exactly `excluded` linears left unquantized (the preset's own lm_head entry dropped)."""
+    import modelopt.torch.quantization as mtq
+
+    cfg = copy.deepcopy(preset)
     if isinstance(cfg["quant_cfg"], dict):
         return _quant_config_dict(cfg, mtq.FP8_KV_CFG, kv_cache=kv_cache, excluded=excluded)
     entries = [e for e in cfg["quant_cfg"]

@@ -16,7 +16,6 @@ TensorRT-LLM fuses (q/k/v, gate/up: modules sharing an input), so their `weight_
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from trtbuild.core.layout import QUANTIZED_HF
 from trtbuild.core.progress import Progress
 from trtbuild.core.stage_api import StageResult
 from trtbuild.quantize import evaluation, export_check, modelopt_fp8
-from trtbuild.quantize.modelopt_fp8 import _PRESET_LM_HEAD, _quant_config_dict
 from trtbuild.quantize.quantization import CHECK_WINDOWS, accepting_limit, load_for_calibration, token_data
 
 if TYPE_CHECKING:
@@ -45,16 +43,7 @@ def quant_config(*, kv_cache: bool, excluded: list[str]) -> dict[str, Any]:
     linears left unquantized (the preset's lm_head entry dropped, as modelopt_fp8 does)."""
     import modelopt.torch.quantization as mtq
 
-    cfg = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG)
-    if isinstance(cfg["quant_cfg"], dict):
-        return _quant_config_dict(cfg, mtq.FP8_KV_CFG, kv_cache=kv_cache, excluded=excluded)
-    entries = [e for e in cfg["quant_cfg"]
-               if not (e.get("quantizer_name") in _PRESET_LM_HEAD and e.get("enable") is False)]
-    if kv_cache:
-        entries += copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
-    entries += [{"quantizer_name": f"{name}.*", "enable": False} for name in excluded]
-    cfg["quant_cfg"] = entries
-    return cfg
+    return modelopt_fp8.preset_config(mtq.NVFP4_DEFAULT_CFG, kv_cache=kv_cache, excluded=excluded)
 
 
 def calibrate(model: Any, cfg: dict[str, Any], batches: torch.Tensor, *, batch_size: int,
