@@ -201,7 +201,8 @@ def test_every_module_a_stage_imports_while_it_runs_is_in_its_code_version(tmp_p
     line = next(x for x in done.stdout.splitlines() if x.startswith("LOADED "))
     loaded = json.loads(line.removeprefix("LOADED "))
     assert sorted(loaded) == sorted(STAGES)
-    assert "trtbuild.draft.evaluate" in loaded["draft"] and "trtbuild.deploy.deploy" in loaded["deploy"]
+    # the walk sees what a stage imports lazily: the draft stage's n-gram measurement loads the runtime
+    assert "trtbuild.runtime.generate" in loaded["draft"], loaded
     for stage, modules in loaded.items():
-        missing = sorted(set(modules) - set(closure(f"trtbuild.app.stages.{stage}")))
+        missing = sorted(set(modules) - set(closure(f"trtbuild.{stage}.stage")))
         assert not missing, f"{stage} imported {missing} while it ran, and its code version leaves them out"
