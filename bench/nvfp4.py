@@ -12,40 +12,26 @@ Both use the same calibration and evaluation windows of the same config.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
+import quantize_args
+
 from trtbuild.core.progress import Progress
-from trtbuild.quantize.config import QuantizeConfig
 from trtbuild.quantize.modelopt_nvfp4 import quantize_nvfp4
 from trtbuild.quantize.quantization import run_quantize
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", default="build/tiny-cpu/model", type=Path)
-    parser.add_argument("--kv-cache", choices=["fp8", "none"], default="fp8")
-    parser.add_argument("--num-samples", type=int, default=128)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--eval-samples", type=int, default=None)
-    parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
-    args = parser.parse_args()
-    if (args.model_dir / "hf" / "config.json").is_file():
-        args.model_dir = args.model_dir / "hf"
+    args = quantize_args.parse(__doc__.splitlines()[0])
     if not (args.model_dir / "config.json").is_file():
         print(f"bench/nvfp4.py: {args.model_dir} has no config.json: pass a Hugging Face model directory",
               file=sys.stderr)
         return 2
-
-    config = QuantizeConfig.model_validate({
-        "kv_cache": args.kv_cache,
-        "calibration": {"num_samples": args.num_samples, "seq_len": args.seq_len},
-        "gate": {"seq_len": args.seq_len, "eval_samples": args.eval_samples, "max_perplexity_ratio": 1000},
-        "check_export": False,  # the FP8 runtime check is bench/quantize.py's; this bench compares formats
-    })
+    # the FP8 runtime check is bench/quantize.py's; this bench compares formats
+    config = quantize_args.config(args, check_export=False)
     progress = Progress.for_terminal(not args.json)
     with tempfile.TemporaryDirectory() as tmp:
         fp8 = run_quantize(config, args.model_dir, Path(tmp) / "fp8", progress=progress).metrics

@@ -10,34 +10,20 @@ own code runs (calibration, gate with no threshold, export, runtime check) into 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
+import quantize_args
+
 from trtbuild.core.progress import Progress
-from trtbuild.quantize.stage import QuantizeConfig, run_quantize
+from trtbuild.quantize.stage import run_quantize
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", default="build/tiny-cpu/model", type=Path)
-    parser.add_argument("--kv-cache", choices=["fp8", "none"], default="fp8")
-    parser.add_argument("--num-samples", type=int, default=128)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--eval-samples", type=int, default=None)
-    parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
-    args = parser.parse_args()
-    if (args.model_dir / "hf" / "config.json").is_file():  # an artifact dir of the model stage
-        args.model_dir = args.model_dir / "hf"
-
-    config = QuantizeConfig.model_validate({
-        "kv_cache": args.kv_cache,
-        "calibration": {"num_samples": args.num_samples, "seq_len": args.seq_len},
-        # The bench reports the ratio; it does not enforce a threshold.
-        "gate": {"seq_len": args.seq_len, "eval_samples": args.eval_samples, "max_perplexity_ratio": 1000},
-    })
+    args = quantize_args.parse(__doc__.splitlines()[0])
+    config = quantize_args.config(args)
     with tempfile.TemporaryDirectory() as tmp:
         progress = Progress.for_terminal(not args.json)
         result = run_quantize(config, args.model_dir, Path(tmp), progress=progress)

@@ -17,6 +17,7 @@ from typing import Any
 
 from draft_fixtures import write_target
 
+from trtbuild.core.data.chat import FALLBACK_CHAT_TEMPLATE
 from trtbuild.core.progress import Progress
 from trtbuild.core.stage import Artifact, StageContext
 
@@ -121,3 +122,28 @@ def wait_for_line(proc: subprocess.Popen[str], lines: list[str], text: str, time
         assert proc.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, f"{text!r} not seen: " + "".join(lines)
         time.sleep(0.2)
+
+
+class Reference:
+    """Plain greedy decoding of the runtime (no Triton, no draft, no trtbuild.serve code): what
+    the OpenAI fronts must answer."""
+
+    def __init__(self, bundle: Path) -> None:
+        from transformers import AutoTokenizer
+
+        from trtbuild.runtime import Generator, load_target
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(bundle / "target"))
+        self.generator = Generator(load_target(bundle / "target"))
+
+    def ids(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt)["input_ids"]
+
+    def complete(self, prompt: str, max_tokens: int) -> str:
+        tokens = self.generator.generate(self.ids(prompt), max_tokens).tokens
+        return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        assert self.tokenizer.chat_template is None  # so the fronts use their documented fallback
+        return self.tokenizer.apply_chat_template(messages, chat_template=FALLBACK_CHAT_TEMPLATE, tokenize=False,
+                                                  add_generation_prompt=True)

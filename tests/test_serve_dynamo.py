@@ -18,9 +18,7 @@ from typing import Any
 
 import openai
 import pytest
-from deploy_fixtures import build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
-
-from trtbuild.serve.openai_api.text import FALLBACK_CHAT_TEMPLATE
+from deploy_fixtures import Reference, build_deploy, build_engine, make_recipe, start_logged, wait_for_line, write_sources
 
 pytest.importorskip("dynamo.frontend")
 pytestmark = pytest.mark.slow
@@ -104,30 +102,6 @@ def triton(deployment: tuple[Path, Path, Path]):
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-
-
-class Reference:
-    """Plain greedy decoding of the runtime (no server, no draft)."""
-
-    def __init__(self, bundle: Path) -> None:
-        from transformers import AutoTokenizer
-
-        from trtbuild.runtime import Generator, load_target
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(bundle / "target"))
-        self.generator = Generator(load_target(bundle / "target"))
-
-    def ids(self, prompt: str) -> list[int]:
-        return self.tokenizer(prompt)["input_ids"]
-
-    def complete(self, prompt: str, max_tokens: int) -> str:
-        tokens = self.generator.generate(self.ids(prompt), max_tokens).tokens
-        return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        assert self.tokenizer.chat_template is None  # both fronts use the documented fallback
-        return self.tokenizer.apply_chat_template(messages, chat_template=FALLBACK_CHAT_TEMPLATE, tokenize=False,
-                                                  add_generation_prompt=True)
 
 
 @pytest.fixture(scope="module")
