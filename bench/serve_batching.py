@@ -2,6 +2,7 @@
 
     git worktree add /tmp/old 65149ab
     python bench/serve_batching.py --old /tmp/old --rounds 9
+    python bench/serve_batching.py --old /tmp/old --fp8 --from-build build/tiny-cpu   # the recipe's own draft
 
 Both trees build the same deployment with their own code (the repository's model.py is each tree's
 copy): a tiny model and an EAGLE-3 draft trained once, briefly, by this tree, served by the local
@@ -146,17 +147,25 @@ def main() -> None:
                         help="speculate with an EAGLE-3 draft (trained here, briefly) as recipes/tiny-cpu.yaml does")
     parser.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=False,
                         help="quantize the target to FP8 first (recipes/tiny-cpu.yaml does; ~5x slower on CPU)")
+    parser.add_argument("--from-build", type=Path, default=None,
+                        help="serve this build's model and draft instead of training them briefly (the output_dir "
+                        "of `trtbuild build recipes/tiny-cpu.yaml`: its model/hf and draft/eagle3, the recipe's "
+                        "fully trained draft)")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to keep both servers up before "
                         "measuring (to attach a profiler: their pids are printed)")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trtbuild-batching-"))
     work.mkdir(parents=True, exist_ok=True)
-    (work / "model.yaml").write_text(MODEL)
-    if args.draft:  # trained once, by this tree, like the model: both trees serve the same weights
-        (work / "model.yaml").write_text(MODEL + "draft:\n" + DRAFT)
-    built = _build(HERE, work / "model.yaml", work / "cache-new")
-    model = _artifact(built, "model") / "hf"
-    draft = (f"draft: {{source: path, path: {_artifact(built, 'draft') / 'eagle3'}, max_draft_len: 5}}\n"
+    if args.from_build is not None:
+        model, eagle3 = args.from_build.resolve() / "model" / "hf", args.from_build.resolve() / "draft" / "eagle3"
+    else:
+        (work / "model.yaml").write_text(MODEL)
+        if args.draft:  # trained once, by this tree, like the model: both trees serve the same weights
+            (work / "model.yaml").write_text(MODEL + "draft:\n" + DRAFT)
+        built = _build(HERE, work / "model.yaml", work / "cache-new")
+        model = _artifact(built, "model") / "hf"
+        eagle3 = _artifact(built, "draft") / "eagle3" if args.draft else model
+    draft = (f"draft: {{source: path, path: {eagle3}, max_draft_len: 5}}\n"
              if args.draft else "draft: {source: none}\n")
     schedule = ', draft_len_schedule: {"4": 5, "8": 4}' if args.draft else ""  # recipes/tiny-cpu.yaml's
     (work / "recipe.yaml").write_text(RECIPE.format(model=model, quantize=FP8 if args.fp8 else "", draft=draft,
