@@ -213,3 +213,20 @@ def test_restore_dtype_keeps_the_global_scales_float32(tmp_path: Path) -> None:
     back = load_file(str(tmp_path / "model.safetensors"))
     assert back["norm.weight"].dtype == torch.bfloat16
     assert back["a.weight_scale_2"].dtype == back["a.input_scale"].dtype == torch.float32
+
+
+def test_a_tied_lm_head_stays_unquantized_as_the_embedding(tmp_path: Path) -> None:
+    """Real checkpoints tie the LM head to the embedding (SmolLM2): the export stores it once, as
+    model.embed_tokens.weight, so the check finds the excluded lm_head there (it failed with
+    'lm_head was to stay unquantized' on SmolLM2-135M-Instruct)."""
+    from quantize_fixtures import make_model_dir
+    from safetensors.torch import load_file
+
+    model = make_model_dir(tmp_path / "model", train_steps=0, tie_word_embeddings=True) / "hf"
+    config = QuantizeConfig.model_validate({"calibration": {"num_samples": 4, "seq_len": 32},
+                                            "gate": {"seq_len": 32, "eval_samples": 2}})
+    out = tmp_path / "export"
+    metrics = modelopt_nvfp4.quantize_nvfp4(config, model, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "lm_head.weight" not in tensors and tensors["model.embed_tokens.weight"].dtype.is_floating_point
+    assert metrics["nvfp4_linears_checked"] == 2 * len(LINEARS)

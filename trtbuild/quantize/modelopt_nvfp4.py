@@ -152,11 +152,22 @@ def check_export(export_dir: Path, calibrated: dict[str, Calibrated], excluded: 
                 raise fail(f"{key} differs from NVFP4 of the calibrated weight in "
                            f"{int((got.view(torch.uint8) != value.view(torch.uint8)).sum())} bytes")
         packed_bytes += want.packed.numel()
+    tied = _tied_output_embedding(export_dir, tensors)
     for name in excluded:
-        weight = tensors.get(f"{name}.weight")
+        # a tied LM head is stored once, as the input embedding (SmolLM2, Llama 3.2): that tensor must stay
+        weight = tensors.get(f"{name}.weight", tied if name == "lm_head" else None)
         if weight is None or not weight.is_floating_point() or f"{name}.weight_scale" in tensors:
             raise fail(f"{name} was to stay unquantized")
     return {"nvfp4_linears_checked": len(calibrated), "nvfp4_packed_bytes": packed_bytes}
+
+
+def _tied_output_embedding(export_dir: Path, tensors: dict[str, Any]) -> Any:
+    """The input embedding's weight when config.json ties the LM head to it and the export stores
+    no lm_head.weight of its own; else None."""
+    config = json.loads((export_dir / "config.json").read_text())
+    if not config.get("tie_word_embeddings") or "lm_head.weight" in tensors:
+        return None
+    return next((value for key, value in tensors.items() if key.endswith("embed_tokens.weight")), None)
 
 
 def quantize_nvfp4(config: Any, model_dir: Path, out_dir: Path, *, progress: Progress | None = None,
