@@ -61,11 +61,15 @@ FP8 = """quantize:  # FP8 as in recipes/tiny-cpu.yaml; the gate only has to pass
   calibration: {num_samples: 16, seq_len: 64}
   gate: {max_perplexity_ratio: 1000, eval_samples: 4, seq_len: 64}
 """
-SERVE = ("import sys\nfrom pathlib import Path\n"
-         "try:\n    from trtbuild.serve.commands import serve_deployment\n"
-         "except ImportError:  # the old tree's layout (65149ab)\n    from trtbuild.triton.commands import serve_deployment\n"
+# The module is chosen by the tree's layout on disk, not by trying imports: the .venv's editable install
+# finds trtbuild.serve in this repository for an old tree that lacks it.
+SERVE = ("import sys\nfrom pathlib import Path\nfrom {module} import serve_deployment\n"
          "sys.exit(serve_deployment(Path(sys.argv[1]), http_port=0, grpc_port=0, metrics_port=0, "
          "openai_port=int(sys.argv[2])))")
+
+
+def _serve_module(tree: Path) -> str:
+    return "trtbuild.serve.commands" if (tree / "trtbuild" / "serve").is_dir() else "trtbuild.triton.commands"
 
 
 def _env(tree: Path, cache: Path) -> dict[str, str]:
@@ -93,9 +97,11 @@ def _free_port() -> int:
 class Served:
     def __init__(self, name: str, tree: Path, deploy: Path, cache: Path) -> None:
         self.name, self.port = name, _free_port()
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, str(deploy), str(self.port)],
+        script = SERVE.format(module=_serve_module(tree))
+        self.proc = subprocess.Popen([sys.executable, "-c", script, str(deploy), str(self.port)],
                                      env=_env(tree, cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+                                     text=True, start_new_session=True,
+                                     cwd=tree)  # `-c` puts the cwd first on sys.path: it must be this tree
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True).start()
         deadline = time.monotonic() + 300
