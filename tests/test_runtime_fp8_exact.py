@@ -58,9 +58,13 @@ def test_products_are_exact_at_every_row_count(backend: str, per_row: bool, k: i
     x = torch.randn(17, k, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     x[0, :3] = torch.tensor([1e3, -1e3, 1e-9])  # saturating and subnormal inputs
     want = exact_reference(x, inv, q_w, scale)
-    for rows in (1, 2, 5, 17):
+    for rows in (1, 2, 5, fp8_exact.ROWS_FOR_FLOAT64 - 1):  # the int8 plane GEMMs
         got = gemm(x[:rows])
         assert torch.equal(got, want[:rows]), rows  # bit for bit: the sums are exact integers
+    assert gemm.grid64_t is None  # decode-sized calls never make the weight's float64 copy
+    for rows in (fp8_exact.ROWS_FOR_FLOAT64, 17):  # the float64 GEMM of the same integers
+        assert torch.equal(gemm(x[:rows]), want[:rows]), rows
+    assert gemm.grid64_t is not None
     assert torch.equal(gemm(x.view(1, 17, k)), want.view(1, 17, 48))
 
 

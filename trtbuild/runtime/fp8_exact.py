@@ -12,6 +12,12 @@ an FP8 weight row is an integer too. It is computed as such:
 - the nine plane products are summed in float64 with their powers of two. Every partial sum is an
   integer no larger than sum_k |q_k w_k| <= K * 2^35.6 < 2^53, so float64 holds it exactly.
 
+From ROWS_FOR_FLOAT64 rows on (in-flight batches, prefill) the same integers go through one float64
+GEMM instead: every product is below 2^36 and every partial sum below 2^53, so float64 holds each
+exactly in any summation order and the result is the same integer, for one GEMM instead of nine plus
+the planes' bookkeeping (the weight's float64 copy is made at the first such call: decode alone never
+pays its 8 bytes a weight).
+
 The result is the exact dot product whatever order any kernel sums in, so a 1-token decode and a
 17-token verification compute the same bits: greedy speculative decoding equals plain greedy
 decoding by construction. The per-tensor (or per-row) scales multiply the exact sum once. The
@@ -34,6 +40,10 @@ WEIGHT_BITS, INPUT_BITS = 7, 6
 ONEDNN_MAX_K = (2 ** 24) // (63 * 127)  # a plane pair's sum stays exact in float32
 MAX_K = 2 ** 17  # the float64 sum of the nine plane products stays below 2^53
 U8_OFFSET = 128  # oneDNN's activations are uint8 with a zero point
+# Rows from which the float64 GEMM replaces the nine int8 plane GEMMs. bench/fp8_gemm_rows.py, one thread
+# of the 2-core CI class, float64 / int8 time: at 6 rows 1.62-1.65 on SmolLM2's large linears (the planes
+# win); at 12 rows 1.03-1.06 there and 0.58-0.77 on the smaller ones; at 24-48 rows 0.59-0.96 on all.
+ROWS_FOR_FLOAT64 = 12
 
 
 def _planes(bits: int) -> torch.Tensor:
@@ -116,7 +126,7 @@ def _onednn_mm(inputs_u8: torch.Tensor, packed: torch.Tensor, ones: torch.Tensor
 class ExactFp8Gemm:
     """y = fp8(x * inv) @ W_fp8^T * row_scale / inv, the dot products exact (see module doc)."""
 
-    __slots__ = ("inv", "grid", "packed", "planes", "ones", "zeros", "out_scale", "n", "k")
+    __slots__ = ("inv", "grid", "packed", "planes", "ones", "zeros", "out_scale", "n", "k", "grid64_t")
 
     def __init__(self, weight_fp8: torch.Tensor, row_scale: torch.Tensor, inv: torch.Tensor) -> None:
         """weight_fp8 [N, K] float8_e4m3fn; row_scale [N] its dequantization scale per output row;
@@ -137,10 +147,17 @@ class ExactFp8Gemm:
         else:
             self.planes = planes.t().contiguous()  # [K, PLANES * N] for torch._int_mm
         self.out_scale = row_scale.to(torch.float64).reshape(self.n) / self.inv / (GRID_UNIT * GRID_UNIT)
+        self.grid64_t: torch.Tensor | None = None  # [K, N] float64 integers, made at the first large call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.k
         q = (x.reshape(rows, self.k).to(torch.float64) * self.inv).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+        if rows >= ROWS_FOR_FLOAT64:
+            if self.grid64_t is None:
+                self.grid64_t = (self.grid.to(torch.float64) * GRID_UNIT).t().contiguous()
+            exact = (q.to(torch.float64) * GRID_UNIT) @ self.grid64_t  # integers below 2^53: exact sums
+            out = (exact * self.out_scale).view(*x.shape[:-1], self.n)
+            return out if out.dtype == x.dtype else out.to(x.dtype)
         codes = q.view(torch.uint8).reshape(-1).to(torch.int64)
         if self.packed is not None:
             q_planes = INPUT_PLANES_U8.index_select(1, codes).view(PLANES * rows, self.k)
