@@ -14,9 +14,9 @@ at 12 rows, where float64 wins for every shape here.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from gemm_rows import micros
 
 from trtbuild.runtime import fp8_exact
 
@@ -24,26 +24,9 @@ SHAPES = [("smollm2 gate|up", 1536, 576), ("smollm2 down", 576, 1536), ("smollm2
           ("tiny gate|up", 1536, 256), ("tiny down", 256, 768)]
 
 
-def millis(fn, repeat: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeat * 1e3)
-    return best
-
-
-def float64(gemm: fp8_exact.ExactFp8Gemm, grid64_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    q = (x.to(torch.float64) * gemm.inv).clamp_(-fp8_exact.FP8_MAX, fp8_exact.FP8_MAX).to(fp8_exact.FP8)
-    return ((q.to(torch.float64) * fp8_exact.GRID_UNIT) @ grid64_t * gemm.out_scale).to(x.dtype)
-
-
-def planes_only(gemm: fp8_exact.ExactFp8Gemm, x: torch.Tensor) -> torch.Tensor:
-    """The int8 plane GEMMs at any row count: the threshold is what is being measured."""
-    saved, fp8_exact.ROWS_FOR_FLOAT64 = fp8_exact.ROWS_FOR_FLOAT64, 1 << 30
+def forced(gemm: fp8_exact.ExactFp8Gemm, x: torch.Tensor, threshold: int) -> torch.Tensor:
+    """The runtime's GEMM with its switch moved: 1 << 30 keeps the int8 planes, 1 takes float64."""
+    saved, fp8_exact.ROWS_FOR_FLOAT64 = fp8_exact.ROWS_FOR_FLOAT64, threshold
     try:
         return gemm(x)
     finally:
@@ -62,14 +45,13 @@ def main() -> None:
         scale = weight.abs().max() / fp8_exact.FP8_MAX
         grid = (weight / scale).clamp(-fp8_exact.FP8_MAX, fp8_exact.FP8_MAX).to(fp8_exact.FP8)
         planes = fp8_exact.ExactFp8Gemm(grid, torch.full((n,), float(scale)), torch.tensor(448 / 3.0))
-        grid64_t = (grid.to(torch.float64) * fp8_exact.GRID_UNIT).t().contiguous()
 
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            if not torch.equal(planes_only(planes, x), float64(planes, grid64_t, x)):
+            if not torch.equal(forced(planes, x, 1 << 30), forced(planes, x, 1)):
                 raise SystemExit(f"{name} at {rows} rows: the two forms differ")
-            int8_ms = millis(lambda g=planes, x=x: planes_only(g, x))
-            f64_ms = millis(lambda g=planes, t=grid64_t, x=x: float64(g, t, x))
+            int8_ms = micros(lambda g=planes, x=x: forced(g, x, 1 << 30), repeat=30) / 1e3
+            f64_ms = micros(lambda g=planes, x=x: forced(g, x, 1), repeat=30) / 1e3
             print(f"{name + f' ({n}x{k})':24}{rows:>6}{int8_ms:>16.3f}{f64_ms:>12.3f}{f64_ms / int8_ms:>8.2f}")
 
 

@@ -41,8 +41,10 @@ ONEDNN_MAX_K = (2 ** 24) // (63 * 127)  # a plane pair's sum stays exact in floa
 MAX_K = 2 ** 17  # the float64 sum of the nine plane products stays below 2^53
 U8_OFFSET = 128  # oneDNN's activations are uint8 with a zero point
 # Rows from which the float64 GEMM replaces the nine int8 plane GEMMs. bench/fp8_gemm_rows.py, one thread
-# of the 2-core CI class, float64 / int8 time: at 6 rows 1.62-1.65 on SmolLM2's large linears (the planes
-# win); at 12 rows 1.03-1.06 there and 0.58-0.77 on the smaller ones; at 24-48 rows 0.59-0.96 on all.
+# of the 2-core CI class, float64 / int8 time over two runs: at 6 rows 1.5-1.7 on SmolLM2's large linears
+# (the planes win); at 12 rows 1.03-1.17 there but 0.58-0.77 on SmolLM2's k/v and the tiny target's; at 48
+# rows 0.79-1.00 on the large ones and 0.58-0.74 on the rest. Chosen end to end on the tiny recipe (8
+# concurrent streams: bench/serve_batching.py); SmolLM2's large linears gain nothing below ~24 rows.
 ROWS_FOR_FLOAT64 = 12
 
 
@@ -152,12 +154,18 @@ class ExactFp8Gemm:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.k
         q = (x.reshape(rows, self.k).to(torch.float64) * self.inv).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-        if rows >= ROWS_FOR_FLOAT64:
-            if self.grid64_t is None:
-                self.grid64_t = (self.grid.to(torch.float64) * GRID_UNIT).t().contiguous()
-            exact = (q.to(torch.float64) * GRID_UNIT) @ self.grid64_t  # integers below 2^53: exact sums
-            out = (exact * self.out_scale).view(*x.shape[:-1], self.n)
-            return out if out.dtype == x.dtype else out.to(x.dtype)
+        exact = self._float64_sums(q) if rows >= ROWS_FOR_FLOAT64 else self._plane_sums(q, rows)
+        out = (exact * self.out_scale).view(*x.shape[:-1], self.n)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def _float64_sums(self, q: torch.Tensor) -> torch.Tensor:
+        """[rows, N]: the integer dot products as one float64 GEMM (every partial sum below 2^53: exact)."""
+        if self.grid64_t is None:  # made at the first large call: decode alone never holds it
+            self.grid64_t = (self.grid.to(torch.float64) * GRID_UNIT).t().contiguous()
+        return (q.to(torch.float64) * GRID_UNIT) @ self.grid64_t
+
+    def _plane_sums(self, q: torch.Tensor, rows: int) -> torch.Tensor:
+        """[rows, N]: the same integers from nine int8 plane GEMMs, folded in float64."""
         codes = q.view(torch.uint8).reshape(-1).to(torch.int64)
         if self.packed is not None:
             q_planes = INPUT_PLANES_U8.index_select(1, codes).view(PLANES * rows, self.k)
@@ -167,9 +175,7 @@ class ExactFp8Gemm:
             products = torch._int_mm(q_planes, self.planes).to(torch.float64)
         # products [PLANES * rows, N * PLANES]: input plane i of row m times weight plane j of row n
         by_input = torch.mv(products.view(-1, PLANES), WEIGHT_FACTORS).view(PLANES, rows * self.n)
-        exact = torch.mv(by_input.t(), INPUT_FACTORS).view(rows, self.n)  # integers below 2^53
-        out = (exact * self.out_scale).view(*x.shape[:-1], self.n)
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        return torch.mv(by_input.t(), INPUT_FACTORS).view(rows, self.n)  # integers below 2^53
 
     def dequantized(self) -> torch.Tensor:
         """[N, K] float64: the weight with the input's dequantization folded in (y = fp8(x*inv) @ this^T)."""
