@@ -168,3 +168,42 @@ def test_other_pickles_are_still_refused(target: Artifact, tmp_path: Path) -> No
     for directory in (both, other):
         with pytest.raises(UserError, match="holds pickle files"):
             run_stage(recipe_draft(directory), target, tmp_path / f"out-{directory.name}")
+
+
+def test_pinned_files_are_checked_before_the_draft_loads(target: Artifact, tmp_path: Path) -> None:
+    """draft.sha256: the digests `sha256sum` prints pass; one flipped byte or a missing file is refused
+    with the field named, in preflight and in the stage, and the artifact gets no weights."""
+    import hashlib
+
+    draft = write_draft(tmp_path / "published", "safetensors")
+    weights = draft / "model.safetensors"
+    pins = {name: hashlib.sha256((draft / name).read_bytes()).hexdigest()
+            for name in ("model.safetensors", "config.json")}
+    pinned = recipe_draft(draft).model_copy(update={"sha256": pins})
+    assert DraftStage().preflight(pinned, _Recipe(tmp_path)) == []
+    assert run_stage(pinned, target, tmp_path / "ok").metrics["draft_vocab_size"] == DRAFT_VOCAB
+
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    [line] = DraftStage().preflight(pinned, _Recipe(tmp_path))
+    assert "model.safetensors has sha256" in line and "draft.sha256" in line
+    with pytest.raises(UserError, match="the recipe pins") as err:
+        run_stage(pinned, target, tmp_path / "changed")
+    assert err.value.field == "draft.sha256"
+    assert not (tmp_path / "changed" / "eagle3" / "model.safetensors").exists()
+
+    weights.unlink()
+    with pytest.raises(UserError, match="is missing"):
+        run_stage(pinned, target, tmp_path / "missing")
+
+
+@pytest.mark.parametrize("pins, message", [
+    ({"model.safetensors": "ABC"}, "String should match pattern"),
+    ({"../model.safetensors": "0" * 64}, "String should match pattern"),
+])
+def test_bad_pins_are_refused_by_the_config(pins: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DraftConfig(source="path", path="d", sha256=pins)
+    with pytest.raises(ValueError, match="for source: path or hub"):
+        DraftConfig(source="train", sha256={"model.safetensors": "0" * 64})

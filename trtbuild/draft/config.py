@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from trtbuild.core.data.sources import TextSource
 from trtbuild.core.stage_api import StageConfig
@@ -85,6 +85,11 @@ class DraftConfig(StageConfig):
     repo_id: str | None = Field(default=None,
                                 description="source: hub: e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B.")
     revision: str = Field(default="main", description="source: hub: branch, tag or commit.")
+    sha256: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")],
+                 Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=dict, description="source: path / hub: the draft's files pinned by sha256 (file name "
+        "-> hex digest, as `sha256sum` prints it); the stage refuses a draft whose pinned files differ or "
+        "are missing, before it loads them.")
     compat_ignore: list[str] = Field(default_factory=list, description="Compatibility checks to waive for a "
                                      "loaded draft (names from trtbuild.draft.compat.CHECKS, e.g. rope).")
     max_draft_len: int = Field(default=3, ge=1, le=16, description="Draft tokens per step, as the engine "
@@ -149,6 +154,8 @@ class DraftConfig(StageConfig):
             raise ValueError("source: path needs `path:` (a local EAGLE-3 draft directory)")
         if self.source == "hub" and not self.repo_id:
             raise ValueError("source: hub needs `repo_id:` (an EAGLE-3 draft in the local HF cache)")
+        if self.sha256 and self.source not in ("path", "hub"):
+            raise ValueError("sha256 pins the files of a loaded draft: it is for source: path or hub")
         if self.synthetic_requests and not self.distill_fraction:
             raise ValueError("synthetic_requests are answered by the target in the distilled share of the "
                              "pool: set distill_fraction above 0")

@@ -4,6 +4,7 @@ the target's directory when it exists before the build (for the compatibility ch
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -68,8 +69,33 @@ def loaded_dir(config: DraftConfig, recipe: RecipeInfo) -> Path:
                             fix="give an existing EAGLE-3 draft directory")
     else:
         directory = hub_dir(config)
+    check_pinned(directory, config.sha256)
     if is_published_pickle_draft(directory, pickle_files(directory)):
         check_archive(directory / PUBLISHED, where(config))
     else:
         refuse_pickles(directory, where(config))
     return directory
+
+
+def file_sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_pinned(directory: Path, pinned: dict[str, str]) -> None:
+    """The recipe's `draft.sha256` pins, checked before anything reads the files: a shipped draft that a
+    checkout, an LFS pointer or an edit changed is refused rather than served."""
+    for name, expected in sorted(pinned.items()):
+        file = directory / name
+        if not file.is_file():
+            raise UserError(f"{file} is missing (draft.sha256 pins it)", field="draft.sha256",
+                            fix="restore the draft's files, or remove the pin")
+        actual = file_sha256(file)
+        if actual != expected:
+            raise UserError(f"{file} has sha256 {actual[:16]}..., the recipe pins {expected[:16]}...",
+                            field="draft.sha256",
+                            fix="restore the draft's files (`git checkout` / `git lfs pull`), or pin the new "
+                                "digest if the change is intended")
