@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from draft_fixtures import write_target
 
 from trtbuild.core.data.sources import TextSource
@@ -233,3 +234,21 @@ def test_config_validation() -> None:
     with pytest.raises(ValueError, match="source: hub needs `repo_id:`"):
         DraftConfig(source="hub")
     assert DraftConfig(samples=100, batch_size=10, epochs=2).total_steps() == 20
+
+
+def test_train_seed_reuses_the_pool_and_reseeds_the_draft(model_artifact: Artifact, tmp_path: Path) -> None:
+    """draft.train_seed: a seed spread at one data size. The pool is found in the cache, not regenerated;
+    another train seed trains another draft, and the default (train_seed = seed) is the seed's draft."""
+    from safetensors.torch import load_file
+
+    base = {**SMALL, "steps": 2, "eval": {"prompts": 0}}
+    first = _run(DraftConfig(**base), model_artifact, tmp_path / "seed0")
+    same = _run(DraftConfig(**base, train_seed=0), model_artifact, tmp_path / "train-seed0")
+    other = _run(DraftConfig(**base, train_seed=1), model_artifact, tmp_path / "train-seed1")
+    assert first.info["data"]["key"] == other.info["data"]["key"]
+    assert same.info["data"]["reused"] is True and other.info["data"]["reused"] is True
+    assert resume_dir(DraftConfig(**base, train_seed=1), "k") != resume_dir(DraftConfig(**base), "k")
+    weights = {name: load_file(str(tmp_path / name / "eagle3" / "model.safetensors"))
+               for name in ("seed0", "train-seed0", "train-seed1")}
+    assert all(torch.equal(weights["seed0"][k], weights["train-seed0"][k]) for k in weights["seed0"])
+    assert not torch.equal(weights["seed0"]["fc.weight"], weights["train-seed1"]["fc.weight"])

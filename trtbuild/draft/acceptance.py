@@ -34,6 +34,8 @@ def evaluate(config: DraftConfig, ctx: StageContext, target_dir: Path, draft_dir
 def seeds(config: DraftConfig, recipe: RecipeInfo) -> str:
     """The seeds that shaped the measured tau: the draft's, and the tiny target's when it is one."""
     seeds = f"draft.seed {config.seed}"
+    if config.train_seed is not None:
+        seeds += f", draft.train_seed {config.train_seed}"
     model = recipe.section(ModelConfig)
     if model is not None and model.source == "tiny":
         seeds += f", model.tiny.seed {model.tiny.seed}"

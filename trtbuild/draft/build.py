@@ -94,7 +94,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
         target = load_head_only(target_dir)
     else:
         target = load_target(target_dir)
-    torch.manual_seed(config.seed)  # the draft's initialisation does not depend on what ran before
+    torch.manual_seed(config.training_seed())  # the initialisation does not depend on what ran before
     export_dtype = _export_dtype(config, target)
 
     d2t, coverage = None, 1.0
@@ -107,7 +107,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     for note in ignored_settings(config.ttt_steps, config.loss_decay):
         ctx.progress.log(f"draft: {note} (the TensorRT-LLM 1.1 container's release)")
     placement = training_placement(config, sum(f.stat().st_size for f in target_dir.glob("*.safetensors")))
-    plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.seed,
+    plan = TrainPlan(steps=config.total_steps(), batch_size=config.batch_size, lr=config.lr, seed=config.training_seed(),
                      warmup_steps=min(10, max(1, config.total_steps() // 10)),
                      checkpoint_every=config.checkpoint_every, eval_draft_len=config.max_draft_len,
                      device=placement["device"], autocast=placement["autocast"],

@@ -132,6 +132,10 @@ class DraftConfig(StageConfig):
                            "steps trained on its own outputs).")
     loss_decay: float = Field(default=0.9, gt=0, le=1, description="Loss weight decay per unroll step.")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of data sampling, initialisation and batch order.")
+    train_seed: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="Seed of the draft's initialisation and batch order only; "
+        "default: `seed`. Another value keeps the pool and its hidden states (keyed by `seed`): the seed "
+        "spread of a training at one data size, without regenerating the data.")
     checkpoint_every: int = Field(default=25, ge=1, le=10**8, description="Steps between resume checkpoints.")
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="dtype of the exported draft; auto: the target's.")
@@ -183,6 +187,9 @@ class DraftConfig(StageConfig):
             raise ValueError(f"train.micro_batch_size {micro} does not divide the per-process shard "
                              f"{self.batch_size // world} (batch_size / processes / nodes)")
         return self
+
+    def training_seed(self) -> int:
+        return self.seed if self.train_seed is None else self.train_seed
 
     def used_samples(self) -> int:
         return min(self.train_samples or self.samples, self.samples)
