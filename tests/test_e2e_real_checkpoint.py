@@ -87,3 +87,22 @@ def test_bench_on_chat_prompts_is_lossless(built):
     assert bench["prompts"] == 4
     assert bench["speculative"]["steps"] > 0 and bench["ngram"]["steps"] > 0
 
+
+
+def test_demo_asks_the_recipes_chat_requests_through_the_template(built):
+    """`trtbuild demo` on a chat recipe: the bench's first chat request goes to Triton rendered with the
+    chat template and to the OpenAI chat endpoint as messages; both give the model's greedy answer."""
+    from trtbuild.runtime.bench import chat_requests
+    from trtbuild.serve.commands import demo
+
+    _, _, out, _ = built
+    chats = chat_requests("chat_eval.jsonl", RECIPE.parent)
+    assert chats[0][-1] == {"role": "user", "content": "What is the capital of France?"}
+    lines: list[str] = []
+    report = demo(out / "deploy", max_tokens=16, concurrency=(1,), echo=lines.append, out_dir=out / "demo",
+                  chats=chats)
+    said = {line.split(":", 1)[0].strip(): line.split(":", 1)[1] for line in lines if line[:1] != " " and ":" in line}
+    assert "'What is the capital of France?' (through the chat template)" in said["prompt"]
+    assert "Paris" in report["demo_answer"]
+    assert repr(report["demo_answer"]) in said["openai"]  # the chat endpoint answered the same text
+    assert report["outputs_identical"] is True

@@ -6,6 +6,7 @@ import click
 
 from trtbuild.cli.common import bench_dir, built, cli, set_option
 from trtbuild.core.errors import UserError
+from trtbuild.runtime.bench import chat_requests
 from trtbuild.serve.commands import demo as run_demo
 
 
@@ -19,4 +20,6 @@ def demo(recipe: str, overrides: tuple[str, ...], max_tokens: int) -> None:
     if "deploy" not in artifacts:
         raise UserError("the recipe has no deploy stage", file=recipe, field="deploy",
                         fix="add a `deploy:` section")
-    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo, out_dir=bench_dir(loaded))
+    # A chat model's bench prompts (a chat .jsonl) are what the demo asks it, through its chat template.
+    chats = chat_requests(loaded.bench.prompts, loaded.base_dir) if loaded.bench else []
+    run_demo(artifacts["deploy"], max_tokens=max_tokens, echo=click.echo, out_dir=bench_dir(loaded), chats=chats)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trtbuild.core.data import pydoc_corpus
-from trtbuild.core.data.chat import record_prompt_ids
+from trtbuild.core.data.chat import record_prompt_ids, request_messages
 from trtbuild.core.data.sources import _record
 from trtbuild.core.errors import UserError
 from trtbuild.core.progress import Progress
@@ -83,6 +83,12 @@ def record_prompts(tokenizer: Any, texts: list[str], count: int, length: int) ->
     """The first `length` tokens of `count` texts, evenly spaced over those long enough, encoded as
     the tokenizer encodes a prompt (BOS included): how requests start."""
     return record_prompt_ids(tokenizer, list(texts), count, length)
+
+
+def chat_requests(source: str, base_dir: Path | None = None) -> list[list[dict[str, str]]]:
+    """The chat records of a bench prompt source as requests (the turns before a recorded answer):
+    what `demo` sends a chat model. Empty for text sources."""
+    return [request_messages(r) for r in _prompt_records(source, base_dir) if isinstance(r, list)]
 
 
 def _prompt_records(source: str, base_dir: Path | None = None) -> list[Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.core.bundle_info import read_bundle
+from trtbuild.core.data.chat import render_chat
 from trtbuild.core.data.pydoc_corpus import heldout_text
 from trtbuild.core.errors import UserError
 from trtbuild.core.layout import BUNDLE
@@ -166,29 +167,42 @@ def bench_deployment(deploy_dir: Path, url: str, *, prompts: Sequence[str] | Non
 
 def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
          concurrency: Sequence[int] = (1, 2, 4, 8), echo: Callable[[str], None] = print,
-         out_dir: Path | None = None) -> dict[str, Any]:
+         out_dir: Path | None = None, chats: Sequence[list[dict[str, str]]] = ()) -> dict[str, Any]:
     """For `make demo`: serve the deployment on free ports (Triton and the OpenAI API), answer one
-    request through each, print the load-test table (with the in-process ratio), and stop cleanly."""
+    request through each, print the load-test table (with the in-process ratio), and stop cleanly.
+
+    chats: chat requests (a chat model's bench prompts): the first is asked through the OpenAI chat
+    endpoint, and Triton and the load test get them rendered with the chat template, as served."""
     from openai import OpenAI
 
     model_dir, info = local_model_dir(deploy_dir)
+    messages = list(chats[0]) if chats else None
+    load_prompts: list[str] | None = None
+    if chats:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(deploy_dir / BUNDLE / read_bundle(deploy_dir / BUNDLE).tokenizer))
+        load_prompts = [render_chat(tokenizer, chat) for chat in chats]
+        prompt = load_prompts[0]
     prompt = prompt or default_prompts(1, chars=60)[0]
+    messages = messages or [{"role": "user", "content": prompt}]
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
             openai_front(model_dir, 0)(server) as front_lines:
         for line in server.endpoints.lines([model_dir.name]) + front_lines:
             echo("  " + line)
         answer = client.generate(server.endpoints.http, model_dir.name, prompt, max_tokens)
-        echo(f"prompt:   {prompt!r}")
+        shown = f"{messages[-1]['content']!r} (through the chat template)" if chats else repr(prompt)
+        echo(f"prompt:   {shown}")
         echo(f"answer:   {answer.text!r} ({answer.num_tokens} tokens, {1e3 * answer.total_s:.0f} ms)")
         openai_url = front_lines[0].split()[1]
         chat = OpenAI(base_url=openai_url, api_key="unused").chat.completions.create(
-            model=info["model_name"], messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            model=info["model_name"], messages=messages, max_tokens=max_tokens,  # type: ignore[arg-type]
             temperature=0)
-        echo(f"openai:   chat.completions -> {chat.choices[0].message.content!r} "
+        echo(f"openai:   chat.completions {messages[-1]['content']!r} -> {chat.choices[0].message.content!r} "
              f"({chat.usage.completion_tokens} tokens, finish_reason {chat.choices[0].finish_reason})")
-        report = bench_deployment(deploy_dir, server.endpoints.http, concurrency=concurrency,
-                                  max_tokens=max_tokens, out_dir=out_dir)
+        report = bench_deployment(deploy_dir, server.endpoints.http, prompts=load_prompts,
+                                  concurrency=concurrency, max_tokens=max_tokens, out_dir=out_dir)
     rows = table(report)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
