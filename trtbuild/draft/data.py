@@ -25,6 +25,7 @@ from torch import nn
 
 from trtbuild.core.data.sources import token_windows
 from trtbuild.core.progress import Progress
+from trtbuild.draft.gqa_attention import attention_implementation
 
 
 @dataclass
@@ -42,12 +43,15 @@ class DataPlan:
     chat_prompts: list[list[int]] | None = None
 
 
-def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+def load_target(hf_dir: Path, dtype: torch.dtype = torch.float32, attention: str | None = None) -> nn.Module:
     """The whole target, in eval mode (here, not in model.py, so the data's code version does not
-    follow the draft's training code)."""
+    follow the draft's training code). `attention`: transformers' attn_implementation; default the
+    SDPA that keeps grouped K/V grouped under a padding mask (trtbuild.draft.gqa_attention)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, use_safetensors=True)
+    ours = attention_implementation()  # registered before any name is looked up
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, use_safetensors=True,
+                                                 attn_implementation=attention or ours)
     model.eval()
     return model
 
