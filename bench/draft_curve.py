@@ -102,8 +102,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "curve.json"
     done = json.loads(results_file.read_text())["points"] if results_file.is_file() else []
-    todo = [(int(n), None) for n in args.points.split(",")]
-    todo += [(args.seeds_at, int(s)) for s in args.seeds.split(",") if s.strip()]
+    # ascending sizes, each size's other seeds right after it: the cheap half of the curve comes first
+    seeds: list[int | None] = [None, *(int(s) for s in args.seeds.split(",") if s.strip())]
+    sizes = sorted({int(n) for n in args.points.split(",")} | {args.seeds_at})
+    todo = [(n, seed) for n in sizes for seed in (seeds if n == args.seeds_at else [None])]
     for samples, seed in todo:
         if any(p["train_samples"] == samples and p["train_seed"] == seed for p in done):
             continue
