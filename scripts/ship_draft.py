@@ -13,7 +13,6 @@ beside the old one and swapped in at the end: an interrupted run leaves the ship
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -25,13 +24,11 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from trtbuild.core.cache import sha256_file
+
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = ("model.safetensors", "config.json")  # what the runtime and TRT-LLM read as the draft
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def sha256(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def cast(source: Path, target: Path, dtype: torch.dtype) -> None:
@@ -109,7 +106,7 @@ def main() -> None:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    pins = {name: sha256(args.to / name) for name in PINNED}
+    pins = {name: sha256_file(args.to / name) for name in PINNED}
     pin(args.recipe, pins)
     size = (args.to / "model.safetensors").stat().st_size
     print(f"shipped {args.to} ({size / 1e6:.1f} MB weights, {args.dtype}); pinned in {args.recipe}")

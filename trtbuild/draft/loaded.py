@@ -4,10 +4,10 @@ the target's directory when it exists before the build (for the compatibility ch
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
+from trtbuild.core.cache import sha256_file
 from trtbuild.core.errors import UserError
 from trtbuild.core.hf_files import hub_snapshot_dir, pickle_files, refuse_pickles
 from trtbuild.core.recipe_info import RecipeInfo
@@ -77,14 +77,6 @@ def loaded_dir(config: DraftConfig, recipe: RecipeInfo) -> Path:
     return directory
 
 
-def file_sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with file.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_pinned(directory: Path, pinned: dict[str, str]) -> None:
     """The recipe's `draft.sha256` pins, checked before anything reads the files: a shipped draft that a
     checkout, an LFS pointer or an edit changed is refused rather than served."""
@@ -93,7 +85,7 @@ def check_pinned(directory: Path, pinned: dict[str, str]) -> None:
         if not file.is_file():
             raise UserError(f"{file} is missing (draft.sha256 pins it)", field="draft.sha256",
                             fix="restore the draft's files, or remove the pin")
-        actual = file_sha256(file)
+        actual = sha256_file(file)
         if actual != expected:
             raise UserError(f"{file} has sha256 {actual[:16]}..., the recipe pins {expected[:16]}...",
                             field="draft.sha256",

@@ -165,6 +165,11 @@ def bench_deployment(deploy_dir: Path, url: str, *, prompts: Sequence[str] | Non
                         progress=progress, request_fields=fields)
 
 
+def bundle_tokenizer(deploy_dir: Path) -> Path:
+    """The tokenizer directory the deployment's bundle ships (what the served endpoints encode with)."""
+    return deploy_dir / BUNDLE / read_bundle(deploy_dir / BUNDLE).tokenizer
+
+
 def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
          concurrency: Sequence[int] = (1, 2, 4, 8), echo: Callable[[str], None] = print,
          out_dir: Path | None = None, chats: Sequence[list[dict[str, str]]] = ()) -> dict[str, Any]:
@@ -176,16 +181,16 @@ def demo(deploy_dir: Path, *, prompt: str | None = None, max_tokens: int = 32,
     from openai import OpenAI
 
     model_dir, info = local_model_dir(deploy_dir)
-    messages = list(chats[0]) if chats else None
     load_prompts: list[str] | None = None
     if chats:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(deploy_dir / BUNDLE / read_bundle(deploy_dir / BUNDLE).tokenizer))
+        tokenizer = AutoTokenizer.from_pretrained(str(bundle_tokenizer(deploy_dir)))
         load_prompts = [render_chat(tokenizer, chat) for chat in chats]
-        prompt = load_prompts[0]
-    prompt = prompt or default_prompts(1, chars=60)[0]
-    messages = messages or [{"role": "user", "content": prompt}]
+        prompt, messages = load_prompts[0], list(chats[0])
+    else:
+        prompt = prompt or default_prompts(1, chars=60)[0]
+        messages = [{"role": "user", "content": prompt}]
     with TritonServer([model_dir.parent], http_port=0, grpc_port=0, metrics_port=0,
                       exit_timeout_s=info.get("exit_timeout_s", 30)) as server, \
             openai_front(model_dir, 0)(server) as front_lines:
@@ -236,7 +241,7 @@ def bench_openai(deploy_dir: Path, base_url: str, *, concurrency: Sequence[int] 
         raise UserError(f"no OpenAI model list at {base_url}/models ({exc})", field="--server",
                         fix="start the server first (trtbuild serve RECIPE) or use --server local") from None
     model = str(models[0]["id"])
-    tokenizer = deploy_dir / BUNDLE / read_bundle(deploy_dir / BUNDLE).tokenizer
+    tokenizer = bundle_tokenizer(deploy_dir)
     prompts = list(prompts or default_prompts(32))
     out_dir = out_dir or Path(tempfile.mkdtemp(prefix="trtbuild-bench-"))
     report = aiperf.profile(base_url[: -len("/v1")], model, tokenizer, prompts, concurrency, max_tokens=max_tokens,
