@@ -255,3 +255,30 @@ def test_the_shards_keys_do_not_follow_the_training_code() -> None:
         reached = set(closure(module))
         assert not reached & {"trtbuild.draft.model", "trtbuild.draft.train", "trtbuild.draft.config",
                               "trtbuild.draft.modelopt_compat", "trtbuild.draft.hidden_store"}, (module, reached)
+
+
+def test_capture_runs_the_decoder_alone_and_bf16_compute_stays_close(target: Path) -> None:
+    """The dump skips the lm_head: its final state is the whole LM's hidden_states[-1], bit for bit. A bf16
+    store is computed under bf16 autocast: close to float32 compute, and not the same (autocast ran)."""
+    from trtbuild.draft.hidden import AUX as AUX_KEY
+    from trtbuild.draft.hidden import FINAL, capture
+    from trtbuild.draft.model import load_target
+
+    model = load_target(target)
+    batch = torch.randint(3, 384, (20, 24), generator=torch.Generator().manual_seed(1))  # > FORWARD_ROWS
+    layers = model.get_decoder().layers
+    hooked: list[torch.Tensor] = []
+    handles = [layers[i].register_forward_hook(lambda m, a, o: hooked.append(o[0] if isinstance(o, tuple) else o))
+               for i in AUX]
+    with torch.no_grad():
+        whole = model(input_ids=batch, output_hidden_states=True)
+    for handle in handles:
+        handle.remove()
+    exact = capture(model, batch, AUX)
+    assert torch.equal(exact[FINAL], whole.hidden_states[-1])
+    assert torch.equal(exact[AUX_KEY], torch.cat(hooked, dim=-1))
+    bf16 = capture(model, batch, AUX, compute="bfloat16")
+    for name in (AUX_KEY, FINAL):
+        assert bf16[name].dtype == torch.float32
+        error = float((bf16[name] - exact[name]).norm() / exact[name].norm())
+        assert 0 < error < 0.05, (name, error)
