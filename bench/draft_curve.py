@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--cwd", type=Path, default=None)
     parser.add_argument("--set", action="append", default=[], help="more recipe overrides, as the CLI's")
     parser.add_argument("--out", type=Path, default=Path("build/draft-curve"))
+    parser.add_argument("--largest-first", action="store_true",
+                        help="train the largest size (the draft to ship) before the rest of the curve")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "curve.json"
@@ -105,6 +107,8 @@ def main() -> None:
     # ascending sizes, each size's other seeds right after it: the cheap half of the curve comes first
     seeds: list[int | None] = [None, *(int(s) for s in args.seeds.split(",") if s.strip())]
     sizes = sorted({int(n) for n in args.points.split(",")} | {args.seeds_at})
+    if args.largest_first:
+        sizes = [sizes[-1], *sizes[:-1]]
     todo = [(n, seed) for n in sizes for seed in (seeds if n == args.seeds_at else [None])]
     for samples, seed in todo:
         if any(p["train_samples"] == samples and p["train_seed"] == seed for p in done):
