@@ -122,3 +122,6 @@ def test_draft_evaluation_of_a_chat_target_defaults_to_requests_it_writes(smollm
     assert prompts == [_served_ids(tokenizer, [{"role": "user", "content": r}]) for r in written]
     training = synthesize(model, tokenizer, 4, defaults.seed, defaults.synthetic_request_tokens)
     assert not set(training) & set(written)
+    # another request seed, another held-out set (bench/draft_eval_spread.py measures tau over several)
+    other, _ = eval_prompts(smollm2, DraftEval(prompts=4), None, request_seed=EVAL_REQUEST_SEED + 1)
+    assert len(other) == 4 and not {tuple(p) for p in other} & {tuple(p) for p in prompts}

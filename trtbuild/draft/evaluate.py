@@ -33,24 +33,26 @@ FIRST_NORM = "standard"
 EVAL_REQUEST_SEED = 1_000_000_007
 
 
-def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> list[list[int]]:
+def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None,
+                    request_seed: int = EVAL_REQUEST_SEED) -> list[list[int]]:
     """The prompts of `eval_prompts`, without saying where they came from."""
-    return eval_prompts(target_dir, settings, base_dir)[0]
+    return eval_prompts(target_dir, settings, base_dir, request_seed)[0]
 
 
-def eval_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -> tuple[list[list[int]], str]:
+def eval_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None,
+                 request_seed: int = EVAL_REQUEST_SEED) -> tuple[list[list[int]], str]:
     """`settings.prompts` token-id prompts, made as the bench makes them, and where they came from
     (reported with tau): record starts of the eval split, or, for chat records, the request rendered
     with the chat template exactly as the served OpenAI endpoint renders it (trtbuild.core.data.chat;
     short prompts allowed). Without a dataset: the target's own requests when it has a chat template
-    (`target_written_prompts`), else pydoc."""
+    (`target_written_prompts`, drawn under `request_seed`: another seed, another held-out set), else pydoc."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     if settings.dataset is not None:
         source, origin = settings.dataset, settings.dataset.describe()
     elif getattr(tokenizer, "chat_template", None):
-        return (target_written_prompts(target_dir, tokenizer, settings.prompts),
+        return (target_written_prompts(target_dir, tokenizer, settings.prompts, request_seed),
                 "chat requests the target wrote (draft.eval.dataset unset)")
     else:
         source, origin = TextSource(kind="pydoc"), "pydoc (draft.eval.dataset unset, the target has no chat template)"
@@ -62,7 +64,8 @@ def eval_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None) -
     return prompts, origin
 
 
-def target_written_prompts(target_dir: Path, tokenizer: Any, count: int) -> list[list[int]]:
+def target_written_prompts(target_dir: Path, tokenizer: Any, count: int,
+                           seed: int = EVAL_REQUEST_SEED) -> list[list[int]]:
     """`count` chat requests the target writes itself (trtbuild.draft.requests, the training's
     Magpie sampling under a seed of its own, as long as training's by default), rendered as the
     served endpoint renders them. A chat model's draft is measured on requests like the ones it
@@ -70,7 +73,7 @@ def target_written_prompts(target_dir: Path, tokenizer: Any, count: int) -> list
     from trtbuild.draft.requests import synthesize
 
     max_tokens = DraftConfig.model_fields["synthetic_request_tokens"].default
-    requests = synthesize(generation_model(target_dir), tokenizer, count, EVAL_REQUEST_SEED, max_tokens)
+    requests = synthesize(generation_model(target_dir), tokenizer, count, seed, max_tokens)
     if not requests:
         raise UserError("the target wrote no evaluation request", field="draft.eval.dataset",
                         fix="give held-out prompts in draft.eval.dataset")
