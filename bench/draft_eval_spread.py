@@ -29,7 +29,7 @@ def main() -> None:
     from trtbuild.cli.common import built
     from trtbuild.core.layout import MODEL_HF
     from trtbuild.draft.config import DraftConfig
-    from trtbuild.draft.evaluate import EVAL_REQUEST_SEED, eval_prompts, measure_tau
+    from trtbuild.draft.evaluate import EVAL_REQUEST_SEED, TARGET_WRITTEN, eval_prompts, measure_tau
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe")
@@ -49,7 +49,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         prompts, origin = eval_prompts(target_dir, config.eval, loaded.base_dir, EVAL_REQUEST_SEED + seed)
-        if seed == 0 and "the target wrote" not in origin:
+        if origin != TARGET_WRITTEN:
             raise SystemExit(f"error: {args.recipe}: the evaluation reads {origin}; request seeds need the "
                              "target's own requests (draft.eval.dataset unset, a chat target)")
         result = measure_tau(target_dir, draft_dir, prompts, config.eval.new_tokens, config.max_draft_len,

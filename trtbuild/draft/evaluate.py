@@ -31,6 +31,7 @@ FIRST_NORM = "standard"
 # The requests a chat target writes for its draft's evaluation are drawn under a seed of their own
 # (training's are drawn under `draft.seed`).
 EVAL_REQUEST_SEED = 1_000_000_007
+TARGET_WRITTEN = "chat requests the target wrote (draft.eval.dataset unset)"  # eval_prompts' origin for them
 
 
 def heldout_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None,
@@ -52,8 +53,7 @@ def eval_prompts(target_dir: Path, settings: DraftEval, base_dir: Path | None,
     if settings.dataset is not None:
         source, origin = settings.dataset, settings.dataset.describe()
     elif getattr(tokenizer, "chat_template", None):
-        return (target_written_prompts(target_dir, tokenizer, settings.prompts, request_seed),
-                "chat requests the target wrote (draft.eval.dataset unset)")
+        return target_written_prompts(target_dir, tokenizer, settings.prompts, request_seed), TARGET_WRITTEN
     else:
         source, origin = TextSource(kind="pydoc"), "pydoc (draft.eval.dataset unset, the target has no chat template)"
     records = load_records(source, "eval", base_dir=base_dir)
