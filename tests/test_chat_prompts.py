@@ -108,12 +108,12 @@ def test_draft_evaluation_of_a_chat_target_defaults_to_requests_it_writes(smollm
 
     from trtbuild.draft.config import DraftConfig, DraftEval
     from trtbuild.draft.draft_data import generation_model
-    from trtbuild.draft.evaluate import EVAL_REQUEST_SEED, eval_prompts
+    from trtbuild.draft.evaluate import EVAL_REQUEST_SEED, TARGET_WRITTEN, eval_prompts
     from trtbuild.draft.requests import synthesize
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     prompts, origin = eval_prompts(smollm2, DraftEval(prompts=4), None)
-    assert "the target wrote" in origin
+    assert origin == TARGET_WRITTEN
 
     model = generation_model(smollm2)
     defaults = DraftConfig()
