@@ -10,6 +10,8 @@ RECIPES ?= $(filter-out recipes/base-%,$(sort $(wildcard recipes/*.yaml)))
 REPORTS ?= build/reports
 # `make plan` plans every recipe, or only RECIPE when it is given (command line or environment).
 PLAN_RECIPES = $(if $(filter command line environment,$(origin RECIPE)),$(RECIPE),$(RECIPES))
+# `make demo` shows the real SmolLM2-135M-Instruct with its shipped draft; RECIPE, when given, wins.
+DEMO_RECIPE = $(if $(filter command line environment,$(origin RECIPE)),$(RECIPE),recipes/smollm2-135m-cpu.yaml)
 BENCH_ARGS ?=
 # The second environment: the TensorRT-LLM 1.1 container's transformers and nvidia-modelopt (CPU torch),
 # for the stages that run on the GPU host (requirements-trtllm11.txt). It runs the tests marked
@@ -26,7 +28,7 @@ BENCH_SERVER ?= local
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed
 
-.PHONY: demo test test-all test-fast test-trtllm11 venv-trtllm11 lint typecheck validate plan build deploy bench aiperf clean-venv
+.PHONY: demo draft-smollm2 test test-all test-fast test-trtllm11 venv-trtllm11 lint typecheck validate plan build deploy bench aiperf clean-venv
 
 ifdef SYSTEM_PYTHON
 # GPU hosts: use the Python that has TensorRT-LLM and CUDA torch (e.g. the TensorRT-LLM container's),
@@ -49,10 +51,10 @@ endif
 # Build the recipe (cached after the first time), compare plain vs speculative decoding in process,
 # then serve the deployment with a real Triton server, answer a request and print a load-test table.
 demo: $(STAMP)
-	$(BIN)/trtbuild plan $(RECIPE)
-	$(BIN)/trtbuild build $(RECIPE)
-	$(BIN)/trtbuild bench $(RECIPE)
-	$(BIN)/trtbuild demo $(RECIPE)
+	$(BIN)/trtbuild plan $(DEMO_RECIPE)
+	$(BIN)/trtbuild build $(DEMO_RECIPE)
+	$(BIN)/trtbuild bench $(DEMO_RECIPE)
+	$(BIN)/trtbuild demo $(DEMO_RECIPE)
 
 $(AIPERF_STAMP): requirements-aiperf.txt
 	@test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV) || python3 -m venv $(AIPERF_VENV)
@@ -126,6 +128,12 @@ bench: $(STAMP) $(if $(BENCH_SERVER),$(AIPERF_STAMP))
 	  $(BIN)/trtbuild bench $(RECIPE) --server $(BENCH_SERVER) --json > $$out; rc=$$?; cat $$out; \
 	  [ -s $$out ] || rm -f $$out; exit $$rc; \
 	fi
+
+# Trains SmolLM2's shipped draft again from nothing (hours on 2 cores; rerun to resume after a kill at
+# any phase), then ships it into drafts/ and pins its files in recipes/smollm2-135m-cpu.yaml.
+draft-smollm2: $(STAMP)
+	$(BIN)/trtbuild build recipes/smollm2-135m-cpu-draft.yaml --until draft
+	$(BIN)/python scripts/ship_draft.py build/smollm2-135m-cpu-draft
 
 clean-venv:
 	rm -rf $(VENV) $(VENV11) $(AIPERF_VENV)

@@ -42,11 +42,13 @@ def readme(manifest: dict, recipe: str, dtype: str) -> str:
     rates = " / ".join(f"{r:.2f}" for r in metrics.get("acceptance_rates", []))
     return f"""# {manifest["recipe"].get("name", "draft")}: the shipped EAGLE-3 draft
 
-Trained by trtbuild's draft stage (`source: train`) against the target of `{recipe}`, then
-cast to {dtype} by `scripts/ship_draft.py`. Made again from nothing with `make draft-smollm2`.
+Trained by trtbuild's draft stage (`source: train`, `{manifest["recipe"].get("name", "draft")}`), cast to
+{dtype} by `scripts/ship_draft.py` and served by `{recipe}`. Made again from nothing with
+`make draft-smollm2`.
 
 - data: {metrics.get("pool_sequences")} sequences, {metrics.get("pool_tokens")} tokens
-- training: {metrics.get("train_steps")} steps in {metrics.get("train_seconds")} s on {metrics.get("train_device")}
+- training: {metrics.get("train_steps")} steps at {metrics.get("train_step_seconds")} s a step on \
+{metrics.get("train_device")} (the last resumed run's share: {metrics.get("train_seconds")} s)
 - tau measured by the stage: {metrics.get("acceptance_length")} at chain {metrics.get("max_draft_len")} \
 (by position: {rates}), {metrics.get("eval_prompts")} prompts ({metrics.get("eval_prompts_from")})
 
