@@ -40,9 +40,10 @@ def cast(source: Path, target: Path, dtype: torch.dtype) -> None:
 def readme(manifest: dict, recipe: str, dtype: str) -> str:
     metrics = manifest["metrics"]
     rates = " / ".join(f"{r:.2f}" for r in metrics.get("acceptance_rates", []))
-    return f"""# {manifest["recipe"].get("name", "draft")}: the shipped EAGLE-3 draft
+    name = manifest["recipe"].get("name", "draft")
+    return f"""# {name}: the shipped EAGLE-3 draft
 
-Trained by trtbuild's draft stage (`source: train`, `{manifest["recipe"].get("name", "draft")}`), cast to
+Trained by trtbuild's draft stage (`source: train`, `{name}`), cast to
 {dtype} by `scripts/ship_draft.py` and served by `{recipe}`. Made again from nothing with
 `make draft-smollm2`.
 
