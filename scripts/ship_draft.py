@@ -48,8 +48,8 @@ Trained by trtbuild's draft stage (`source: train`, `{name}`), cast to
 `make draft-smollm2`.
 
 - data: {metrics.get("pool_sequences")} sequences, {metrics.get("pool_tokens")} tokens
-- training: {metrics.get("train_steps")} steps at {metrics.get("train_step_seconds")} s a step on \
-{metrics.get("train_device")} (the last resumed run's share: {metrics.get("train_seconds")} s)
+- training: {metrics.get("train_steps")} steps in {metrics.get("train_seconds")} s \
+({metrics.get("train_step_seconds")} s a step) on {metrics.get("train_device")}
 - tau measured by the stage: {metrics.get("acceptance_length")} at chain {metrics.get("max_draft_len")} \
 (by position: {rates}), {metrics.get("eval_prompts")} prompts ({metrics.get("eval_prompts_from")})
 

@@ -145,12 +145,15 @@ def test_interrupted_training_resumes(model_artifact: Artifact, tmp_path: Path) 
         _run(config, model_artifact, tmp_path / "first", _StopAfter(3))  # checkpoint at step 2 exists
     checkpoint = resume_dir(config, model_artifact.key)
     assert (checkpoint / "state.safetensors").is_file() and (checkpoint / "state.json").is_file()
+    trained_before = json.loads((checkpoint / "state.json").read_text())["seconds"]
+    assert trained_before > 0
     import os
 
     data = Path(os.environ["TRTBUILD_CACHE"]) / "draft-data"  # the pool: its own cache entry, kept
     assert [e for e in data.iterdir() if (e / "manifest.json").is_file()]
     resumed = _run(config, model_artifact, tmp_path / "second")
     assert resumed.info["resumed_from_step"] == 2
+    assert resumed.metrics["train_seconds"] >= round(trained_before, 1)  # the segment before the kill counts
     straight = _run(config, model_artifact, tmp_path / "third")  # resume dir is gone: from scratch
     assert straight.info["resumed_from_step"] == 0
     a = load_file(str(tmp_path / "second" / "eagle3" / "model.safetensors"))

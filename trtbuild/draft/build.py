@@ -131,7 +131,7 @@ def train_draft(config: DraftConfig, ctx: StageContext, target_dir: Path, out: P
     metrics = {
         "train_steps": result["steps"],
         "train_seconds": round(result["seconds"], 1),
-        "train_step_seconds": round(result["seconds"] / max(1, result["steps"] - result["resumed_from"]), 4),
+        "train_step_seconds": round(result["seconds"] / max(1, result["steps"]), 4),
         "train_processes": result["world_size"],
         "train_target_sharding": placement["target_sharding"],
         "train_device": placement["device"],

@@ -62,7 +62,7 @@ class TrainPlan:
 class TrainResult:
     steps: int
     resumed_from: int
-    seconds: float
+    seconds: float  # the whole training's, the segments before a resume included
     final_loss: float
     step_accuracy: list[float] = field(default_factory=list)  # per TTT step, smoothed
     estimated_tau: float = 0.0
@@ -99,7 +99,8 @@ def _lr_at(step: int, plan: TrainPlan) -> float:
 
 
 def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.optim.Optimizer,
-               accuracy: list[float], loss: float | None, losses: list[float] | None = None) -> None:
+               accuracy: list[float], loss: float | None, losses: list[float] | None = None,
+               seconds: float = 0.0) -> None:
     """Tensors first, then the JSON that names their hash: a kill between the two leaves a pair that
     `load_state` rejects (it then starts over) instead of a mixed checkpoint."""
     from safetensors.torch import save_file
@@ -118,7 +119,7 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
         save_file(tensors, str(tmp))
         os.replace(tmp, tensor_file)
         meta = {"step": step, "accuracy": accuracy, "loss": loss, "param_groups": optim["param_groups"],
-                "losses": list(losses or []), "sha256": sha256_file(tensor_file)}
+                "losses": list(losses or []), "seconds": seconds, "sha256": sha256_file(tensor_file)}
         meta_tmp.write_text(json.dumps(meta))
         os.replace(meta_tmp, meta_file)
     finally:  # a full disk leaves no partial file (the last complete checkpoint, if any, stays usable)
@@ -127,9 +128,10 @@ def save_state(resume_dir: Path, step: int, draft: nn.Module, optimizer: torch.o
 
 
 def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimizer
-               ) -> tuple[int, list[float], float | None, list[float]] | None:
-    """(step, accuracy, loss, per-step losses) after restoring `draft` and `optimizer`, or None when there is no
-    complete checkpoint. Only safetensors and JSON are read (anything else in the dir is ignored)."""
+               ) -> tuple[int, list[float], float | None, list[float], float] | None:
+    """(step, accuracy, loss, per-step losses, seconds trained so far) after restoring `draft` and
+    `optimizer`, or None when there is no complete checkpoint. Only safetensors and JSON are read
+    (anything else in the dir is ignored)."""
     found = read_verified(resume_dir / STATE_TENSORS, resume_dir / STATE_META)
     if found is None:
         return None
@@ -142,7 +144,7 @@ def load_state(resume_dir: Path, draft: nn.Module, optimizer: torch.optim.Optimi
             slots.setdefault(int(index), {})[name] = value
     optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
     losses = [float(x) for x in meta.get("losses", [])]
-    return int(meta["step"]), [float(a) for a in meta["accuracy"]], meta["loss"], losses
+    return int(meta["step"]), [float(a) for a in meta["accuracy"]], meta["loss"], losses, float(meta.get("seconds", 0.0))
 
 
 def _rank_world() -> tuple[int, int]:
@@ -204,10 +206,10 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
     if shard % micro:
         raise ValueError(f"micro_batch_size {micro} does not divide the shard of {shard} sequences")
     resume_dir = Path(resume_dir)
-    start, smoothed, loss_ema, losses = 0, [], None, []
+    start, smoothed, loss_ema, losses, earlier_seconds = 0, [], None, [], 0.0
     restored = load_state(resume_dir, model.eagle_module, optimizer)
     if restored is not None:
-        start, smoothed, loss_ema, losses = restored
+        start, smoothed, loss_ema, losses, earlier_seconds = restored
         losses = losses[:start]
         progress.log(f"draft: resuming training at step {start}/{plan.steps} from {resume_dir}")
 
@@ -259,9 +261,10 @@ def train(model: nn.Module, pool: torch.Tensor, plan: TrainPlan, resume_dir: Pat
                         tau=estimated_tau(smoothed, plan.eval_draft_len))
             done = step + 1
             if rank == 0 and done % plan.checkpoint_every == 0 and done < plan.steps:
-                save_state(resume_dir, done, model.eagle_module, optimizer, smoothed, loss_ema, losses)
+                save_state(resume_dir, done, model.eagle_module, optimizer, smoothed, loss_ema, losses,
+                           earlier_seconds + time.perf_counter() - began)
     model.eval()
-    return TrainResult(steps=plan.steps, resumed_from=start, seconds=time.perf_counter() - began,
+    return TrainResult(steps=plan.steps, resumed_from=start, seconds=earlier_seconds + time.perf_counter() - began,
                        final_loss=float(loss_ema or 0.0), step_accuracy=smoothed,
                        estimated_tau=estimated_tau(smoothed, plan.eval_draft_len), losses=losses,
                        world_size=world)
