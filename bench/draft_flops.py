@@ -15,7 +15,7 @@ training pass 3 forwards. Phases:
 - training: steps x batch x seq_len tokens, each ttt_steps draft passes forward and backward, plus the
   target's LM head on the stored final state (the distillation labels).
 The GPU time takes the slower of compute (FLOPs / peak / utilization) and, for the decoding phases,
-memory traffic at batch shard_samples (weights once a step, each row's K/V cache every step). The
+memory traffic at the stage's batches (weights once a step, each row's K/V cache every step). The
 defaults are an H100 SXM's datasheet figures (989 TFLOP/s dense BF16, 3.35 TB/s); `--cpu-hours`
 (requests + answers, dump, training: what the run took here) turns into GFLOP/s this CPU reached.
 """
@@ -76,17 +76,18 @@ def pipeline(draft_dir: Path, target_dir: Path) -> dict[str, Any]:
         "dump": rows * seq_len * (2.0 * decoder + attention_flops(target_config, layers, seq_len / 2)),
         "training": train_tokens * (3 * recipe["ttt_steps"] * draft_pass + 2.0 * head),
     }
+    from trtbuild.draft.data import DataPlan
+    from trtbuild.draft.requests import BATCH as REQUEST_BATCH
+
     kv_per_token = 2 * layers * target_config["num_key_value_heads"] * \
         (target_config.get("head_dim") or hidden // target_config["num_attention_heads"]) * BF16_BYTES
     weights = (decoder + head) * BF16_BYTES
-    batch = recipe["shard_samples"]
 
-    def decode_bytes(count: int, length: int) -> float:  # every step reads the weights once per batch
-        steps = count / batch * length
-        return steps * weights + count * kv_per_token * length * length / 2
+    def decode_bytes(count: int, length: int, batch: int) -> float:  # each step reads the weights once a batch
+        return count / batch * length * weights + count * kv_per_token * length * length / 2
 
-    traffic = {"requests": decode_bytes(recipe["synthetic_requests"], request_len),
-               "answers": decode_bytes(rows, seq_len), "dump": 0.0, "training": 0.0}
+    traffic = {"requests": decode_bytes(recipe["synthetic_requests"], request_len, REQUEST_BATCH),
+               "answers": decode_bytes(rows, seq_len, DataPlan.gen_batch), "dump": 0.0, "training": 0.0}
     return {"target_matmul_params": decoder + head, "draft_matmul_params": draft, "rows": rows,
             "seq_len": seq_len, "request_prefix_tokens": prefix, "train_tokens": train_tokens,
             "flops": flops, "decode_bytes": traffic}
