@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,22 @@ BF16_BYTES = 2
 
 
 def weight_shapes(model_dir: Path) -> dict[str, list[int]]:
-    shapes: dict[str, list[int]] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        with file.open("rb") as handle:
-            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
-        shapes.update({name: entry["shape"] for name, entry in header.items() if name != "__metadata__"})
-    return shapes
+    from trtbuild.core.safetensors_header import read_header
+
+    return {name: entry["shape"] for file in sorted(model_dir.glob("*.safetensors"))
+            for name, entry in read_header(file).items()}
 
 
 def matmul_params(shapes: dict[str, list[int]], skip: str = "embed_tokens") -> int:
     return sum(shape[0] * shape[1] for name, shape in shapes.items() if len(shape) == 2 and skip not in name)
 
 
+def head_dim(config: dict[str, Any]) -> int:
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
 def attention_flops(config: dict[str, Any], layers: int, context: float) -> float:
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 4.0 * config["num_attention_heads"] * head_dim * context * layers
+    return 4.0 * config["num_attention_heads"] * head_dim(config) * context * layers
 
 
 def pipeline(draft_dir: Path, target_dir: Path) -> dict[str, Any]:
@@ -79,8 +79,7 @@ def pipeline(draft_dir: Path, target_dir: Path) -> dict[str, Any]:
     from trtbuild.draft.data import DataPlan
     from trtbuild.draft.requests import BATCH as REQUEST_BATCH
 
-    kv_per_token = 2 * layers * target_config["num_key_value_heads"] * \
-        (target_config.get("head_dim") or hidden // target_config["num_attention_heads"]) * BF16_BYTES
+    kv_per_token = 2 * layers * target_config["num_key_value_heads"] * head_dim(target_config) * BF16_BYTES
     weights = (decoder + head) * BF16_BYTES
 
     def decode_bytes(count: int, length: int, batch: int) -> float:  # each step reads the weights once a batch
